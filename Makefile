@@ -1,0 +1,44 @@
+# Two commands do all set-up on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install model serve generate test test-fast lint format bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+model: install
+	$(BIN)/python -c "from surge.models.resolve import resolve_model; print(resolve_model('smollm2-135m'))"
+
+generate: model
+	$(BIN)/surge generate
+
+serve: model
+	$(BIN)/surge generate
+
+test: model
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: install
+	$(BIN)/ruff check surge tests benchmarks
+	$(BIN)/ruff format --check surge tests benchmarks
+	$(BIN)/mypy surge
+
+format: install
+	$(BIN)/ruff format surge tests benchmarks
+	$(BIN)/ruff check --fix surge tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

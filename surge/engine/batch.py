@@ -1,0 +1,43 @@
+"""What flows from the scheduler to the runner and back: frozen, plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from surge.engine.sampler import SamplingRow
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    req_id: str
+    token_ids: tuple[int, ...]  # the tokens computed this step: a prefill chunk or the last token
+    start_pos: int  # == num_computed_tokens before this step
+    block_table: tuple[int, ...]  # covers start_pos + len(token_ids) tokens
+    sampling: SamplingRow | None  # set when this chunk reaches the end of the known tokens
+
+    @property
+    def is_decode(self) -> bool:
+        return len(self.token_ids) == 1 and self.start_pos > 0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    requests: tuple[ScheduledRequest, ...]
+    num_tokens: int
+    preempted: tuple[str, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    token_id: int
+    logprob: float | None
+    top_logprobs: tuple[tuple[int, float], ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class SampledTokens:
+    tokens: dict[str, SampledToken]  # req_id -> token, for the requests that sampled

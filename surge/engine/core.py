@@ -1,0 +1,168 @@
+"""EngineCore: the synchronous step loop, single-threaded; the server drives it in its own process.
+
+step():  batch = scheduler.schedule(now)  ->  sampled = runner.run(batch)
+         advanced = scheduler.update(batch, sampled)  ->  token-level stops  ->  outputs
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from surge.engine.block_manager import BlockManager
+from surge.engine.config import EngineConfig
+from surge.engine.kv_cache import KVCachePlan, allocate_kv_cache, plan_kv_cache
+from surge.engine.model_runner import ModelRunner
+from surge.engine.outputs import EngineCoreOutput, EngineCoreRequest, EngineStats
+from surge.engine.policies import make_policy
+from surge.engine.request import FinishReason, Request
+from surge.engine.sampler import Sampler
+from surge.engine.scheduler import Scheduler
+from surge.models import build_model
+from surge.models.device import Precision, choose_precision
+from surge.models.resolve import resolve_model
+from surge.models.weights import ModelFiles, open_model
+
+log = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, files: ModelFiles | None = None) -> None:
+        self.config = config
+        if files is None:
+            files = open_model(resolve_model(config.model.model))
+        self.files = files
+        self.tokenizer = files.tokenizer
+        spec = files.spec
+        self.precision: Precision = choose_precision(config.model.device, config.model.dtype)
+        device, dtype = self.precision.device, self.precision.dtype
+        cache = config.cache
+        self.plan: KVCachePlan = plan_kv_cache(
+            spec, dtype, cache.block_size, cache.kv_cache_memory_gib, cache.num_blocks
+        )
+        # A request must always fit in the pool, or it would wait forever: cap the context.
+        max_len = config.model.max_model_len or spec.max_position_embeddings
+        self.max_model_len = min(max_len, self.plan.num_tokens)
+        log.info(
+            "model %s: %s on %s (%s); KV cache %d blocks x %d tokens (%.2f GiB); context %d",
+            files.path.name,
+            dtype,
+            device,
+            self.precision.reason,
+            self.plan.num_blocks,
+            self.plan.block_size,
+            self.plan.total_bytes / (1 << 30),
+            self.max_model_len,
+        )
+        self.model = build_model(
+            spec, files.weights(), device, dtype, max(max_len, spec.max_position_embeddings)
+        )
+        kv_caches = allocate_kv_cache(spec, self.plan, dtype, device)
+        self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
+        sampler = Sampler(self.eos_token_ids)
+        self.runner = ModelRunner(self.model, kv_caches, sampler, device, cache.block_size)
+        self.blocks = BlockManager(
+            self.plan.num_blocks, cache.block_size, cache.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            config.scheduler, self.blocks, make_policy(config.scheduler.policy)
+        )
+        self._rng = random.Random(config.model.seed)
+        self._prompt_tokens = 0
+        self._generation_tokens = 0
+        self._num_steps = 0
+        self._iteration_tokens: list[int] = []
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, creq: EngineCoreRequest) -> None:
+        """Queue a request. Raises ValueError if it can never be served (too long, bad tokens)."""
+        prompt_len = len(creq.prompt_token_ids)
+        if prompt_len == 0:
+            raise ValueError("prompt is empty")
+        if prompt_len >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {prompt_len} tokens; the context length is {self.max_model_len}"
+            )
+        vocab = self.files.spec.vocab_size
+        if any(t < 0 or t >= vocab for t in creq.prompt_token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        room = self.max_model_len - prompt_len
+        max_tokens = room if creq.params.max_tokens is None else min(creq.params.max_tokens, room)
+        seed = creq.seed
+        if seed is None:
+            seed = creq.params.seed if creq.params.seed is not None else self._rng.getrandbits(63)
+        req = Request(
+            creq.req_id,
+            list(creq.prompt_token_ids),
+            creq.params,
+            creq.arrival_s if creq.arrival_s is not None else time.monotonic(),
+            seed,
+            max_tokens,
+            self.plan.block_size,
+            priority=creq.priority,
+            tenant=creq.tenant,
+            cache_salt=(creq.cache_salt or "").encode(),
+            share_prompt_with=creq.share_prompt_with,
+        )
+        self.scheduler.add(req)
+
+    def abort(self, req_id: str, reason: FinishReason = FinishReason.ABORT) -> bool:
+        """End a request at once and free its blocks. False if it was not (or no longer) here."""
+        return self.scheduler.finish(req_id, reason) is not None
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step ----------------------------------------------------------------------------
+    def step(self) -> list[EngineCoreOutput]:
+        now = time.monotonic()
+        batch = self.scheduler.schedule(now)
+        if batch.is_empty:
+            return []
+        sampled = self.runner.run(batch)
+        advanced = self.scheduler.update(batch, sampled)
+        self._num_steps += 1
+        self._iteration_tokens.append(batch.num_tokens)
+        outputs: list[EngineCoreOutput] = []
+        for req in advanced:
+            self._generation_tokens += 1
+            reason = req.stop_reason(self.eos_token_ids)
+            if reason is not None:
+                self.scheduler.finish(req.req_id, reason)
+            first = req.num_output_tokens == 1
+            if first:
+                self._prompt_tokens += req.num_prompt_tokens
+            outputs.append(
+                EngineCoreOutput(
+                    req_id=req.req_id,
+                    new_token_ids=[req.output_token_ids[-1]],
+                    new_logprobs=[req.logprobs[-1]] if req.params.logprobs is not None else None,
+                    finish_reason=reason,
+                    num_prompt_tokens=req.num_prompt_tokens,
+                    num_cached_tokens=max(req.num_cached_tokens, 0),
+                    num_preemptions=req.num_preemptions,
+                    queue_time_s=(req.first_scheduled_s or now) - req.arrival_s if first else 0.0,
+                )
+            )
+        return outputs
+
+    def stats(self) -> EngineStats:
+        sched = self.scheduler
+        waiting_tokens = sum(r.num_tokens for r in sched.waiting)
+        iteration_tokens, self._iteration_tokens = self._iteration_tokens, []
+        return EngineStats(
+            num_running=sched.num_running,
+            num_waiting=sched.num_waiting,
+            kv_cache_usage=self.blocks.usage(),
+            num_blocks=self.plan.num_blocks,
+            block_size=self.plan.block_size,
+            prefix_cache_queries=self.blocks.prefix_cache_queries,
+            prefix_cache_hits=self.blocks.prefix_cache_hits,
+            num_preemptions=sched.num_preemptions,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            num_steps=self._num_steps,
+            waiting_tokens=waiting_tokens,
+            iteration_tokens=iteration_tokens,
+        )

@@ -1,0 +1,142 @@
+"""Offline batch generation on an in-process EngineCore: `LLM(model).generate(prompts, params)`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from surge.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from surge.engine.core import EngineCore
+from surge.engine.output_processor import OutputProcessor
+from surge.engine.request import TokenLogprob
+from surge.models.weights import ModelFiles
+from surge.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    req_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int = 0
+    finished: bool = False
+
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Offline generation. Keyword arguments override fields of the engine's configs."""
+
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        *,
+        config: EngineConfig | None = None,
+        files: ModelFiles | None = None,
+        **overrides: object,
+    ) -> None:
+        if config is None:
+            config = _config_from_kwargs(model, overrides)
+        self.engine = EngineCore(config, files)
+        self.tokenizer = self.engine.tokenizer
+        self._processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); results in prompt order."""
+        prompt_list = _as_prompt_list(prompts)
+        if params is None:
+            params = SamplingParams()
+        param_list = (
+            [params] * len(prompt_list) if isinstance(params, SamplingParams) else list(params)
+        )
+        if len(param_list) != len(prompt_list):
+            raise ValueError("params must be one SamplingParams or one per prompt")
+        results: dict[str, RequestOutput] = {}
+        order: list[str] = []
+        for prompt, p in zip(prompt_list, param_list, strict=True):
+            if isinstance(prompt, str):
+                ids, text = self.tokenizer.encode(prompt), prompt
+            else:
+                ids, text = list(prompt), None
+            req_id = str(next(self._ids))
+            creqs = self._processor.add(req_id, ids, p)
+            results[req_id] = RequestOutput(
+                req_id, text, ids, [CompletionOutput(k) for k in range(p.n)]
+            )
+            order.append(req_id)
+            for creq in creqs:
+                self.engine.add_request(creq)
+        bar = tqdm(total=len(order), desc="generate", disable=not use_tqdm)
+        while self.engine.has_work():
+            deltas, to_abort = self._processor.process(self.engine.step())
+            for seq_id in to_abort:
+                self.engine.abort(seq_id)
+            for rd in deltas:
+                res = results[rd.req_id]
+                res.num_cached_tokens = rd.num_cached_tokens
+                for d in rd.deltas:
+                    out = res.outputs[d.index]
+                    out.text += d.text
+                    out.token_ids.extend(d.token_ids)
+                    if d.logprobs is not None:
+                        out.logprobs = (out.logprobs or []) + d.logprobs
+                    out.finish_reason = d.finish_reason
+                    out.stop_reason = d.stop_reason
+                if rd.finished:
+                    res.finished = True
+                    bar.update(1)
+        bar.close()
+        return [results[r] for r in order]
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    """One prompt (text or a list of token ids) or a sequence of them."""
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [[int(t) for t in items]]  # type: ignore[arg-type]
+    return [p if isinstance(p, str) else list(p) for p in items]  # type: ignore[arg-type]
+
+
+def _config_from_kwargs(model: str, overrides: dict[str, object]) -> EngineConfig:
+    """Route each keyword to the config that has a field of that name."""
+    model_kw: dict[str, Any] = {"model": model}
+    cache_kw: dict[str, Any] = {}
+    sched_kw: dict[str, Any] = {}
+    for name, value in overrides.items():
+        for cls, kw in (
+            (ModelConfig, model_kw),
+            (CacheConfig, cache_kw),
+            (SchedulerConfig, sched_kw),
+        ):
+            if name in cls.__dataclass_fields__:
+                kw[name] = value
+                break
+        else:
+            raise TypeError(f"unknown engine option {name!r}")
+    return EngineConfig(
+        ModelConfig(**model_kw), CacheConfig(**cache_kw), SchedulerConfig(**sched_kw)
+    )

@@ -1,0 +1,54 @@
+"""What crosses the engine-core boundary: requests in, per-step token outputs and stats out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from surge.engine.request import FinishReason, TokenLogprob
+from surge.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCoreRequest:
+    """One sequence to generate (n > 1 arrives as n of these, fanned out by the front end)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_s: float | None = None  # time.monotonic() at arrival; None = now
+    seed: int | None = None  # effective seed; None = params.seed or a random one
+    priority: int = 0
+    tenant: str = ""
+    cache_salt: str | None = None
+    share_prompt_with: str | None = None  # sibling req_id whose prompt KV blocks can be shared
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCoreOutput:
+    """New tokens of one request from one step; finish_reason set on its last output."""
+
+    req_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprob] | None
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    queue_time_s: float = 0.0  # arrival to first scheduled
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    num_blocks: int = 0
+    block_size: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    prompt_tokens: int = 0  # counters since start
+    generation_tokens: int = 0
+    num_steps: int = 0
+    waiting_tokens: int = 0  # prompt tokens of the waiting requests (admission's token bound)
+    iteration_tokens: list[int] = field(default_factory=list)  # tokens per step since last stats

@@ -1,0 +1,277 @@
+"""Turn a batch of logits into next tokens, following vLLM v1's sampling semantics.
+
+Order: repetition penalty -> frequency/presence penalties -> min_tokens masking -> greedy argmax,
+or temperature -> min_p -> top_k -> top_p -> sample. Logprobs report the raw model distribution.
+Random rows are sampled statelessly from (seed, step), so a seeded request gets the same tokens
+whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from surge.sampling_params import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN64 = 0x9E3779B97F4A7C15
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingRow:
+    """One row of logits to sample from."""
+
+    params: SamplingParams
+    seed: int  # effective seed (the engine picks a random one when params.seed is None)
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]  # tokens generated so far by this request
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerOutput:
+    token_ids: list[int]  # one per row
+    logprobs: list[float | None]  # sampled token's raw logprob; None where not requested
+    top_logprobs: list[list[tuple[int, float]] | None]  # (token_id, logprob), best first
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + _GOLDEN64) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def mix_seed(seed: int, step: int) -> int:
+    """Generator seed for (seed, step), in [0, 2**63).
+
+    Well mixed in all bits: the CPU generator only uses the low 32 bits of its seed.
+    """
+    return _splitmix64(_splitmix64(seed & _MASK64) ^ (step & _MASK64)) >> 1
+
+
+def _has_penalties(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def _min_tokens_active(row: SamplingRow) -> bool:
+    return len(row.output_token_ids) < row.params.min_tokens
+
+
+def _token_counts(
+    ids_per_row: Sequence[tuple[int, Sequence[int]]], shape: torch.Size, device: torch.device
+) -> torch.Tensor:
+    """Occurrences of each token in each listed row: [num_rows, vocab] float32, 0 elsewhere."""
+    num_rows, vocab = shape
+    flat: list[int] = []
+    for row, ids in ids_per_row:
+        base = row * vocab
+        flat.extend(base + t for t in ids)
+    counts = torch.zeros(num_rows * vocab, dtype=torch.float32, device=device)
+    if flat:
+        index = torch.tensor(flat, dtype=torch.long, device=device)
+        counts.scatter_add_(0, index, torch.ones(len(flat), dtype=torch.float32, device=device))
+    return counts.view(num_rows, vocab)
+
+
+def _column(values: list[float], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)  # [num_rows, 1]
+
+
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Repetition, then frequency/presence penalties. Never modifies `logits`; float32 result.
+
+    Repetition (prompt + output tokens): positive logits are divided by the penalty, negative ones
+    multiplied. Frequency/presence (output tokens only): logit -= freq * count + presence * seen.
+    """
+    out = logits.float()  # [num_rows, vocab]
+    if not any(_has_penalties(r.params) for r in rows):
+        return out
+    device = out.device
+    rep_rows = [
+        (i, [*r.prompt_token_ids, *r.output_token_ids])
+        for i, r in enumerate(rows)
+        if r.params.repetition_penalty != 1.0
+    ]
+    if rep_rows:
+        seen = _token_counts(rep_rows, out.shape, device) > 0  # [num_rows, vocab]
+        rep = _column([r.params.repetition_penalty for r in rows], device)
+        out = torch.where(seen, torch.where(out > 0, out / rep, out * rep), out)
+    freq_rows = [
+        (i, r.output_token_ids)
+        for i, r in enumerate(rows)
+        if r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0
+    ]
+    if freq_rows:
+        counts = _token_counts(freq_rows, out.shape, device)  # [num_rows, vocab]
+        freq = _column([r.params.frequency_penalty for r in rows], device)
+        presence = _column([r.params.presence_penalty for r in rows], device)
+        out = out - freq * counts - presence * (counts > 0).float()
+    return out
+
+
+def apply_min_tokens(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], eos_token_ids: Sequence[int]
+) -> torch.Tensor:
+    """Forbid EOS (unless ignore_eos) and stop_token_ids until a row has min_tokens outputs."""
+    vocab = logits.shape[1]
+    row_idx: list[int] = []
+    col_idx: list[int] = []
+    for i, r in enumerate(rows):
+        if not _min_tokens_active(r):
+            continue
+        banned = set(r.params.stop_token_ids)
+        if not r.params.ignore_eos:
+            banned.update(eos_token_ids)
+        # User-supplied ids may lie outside this model's vocabulary: nothing to mask there.
+        cols = sorted(t for t in banned if 0 <= t < vocab)
+        row_idx.extend([i] * len(cols))
+        col_idx.extend(cols)
+    if not row_idx:
+        return logits
+    device = logits.device
+    index = (torch.tensor(row_idx, device=device), torch.tensor(col_idx, device=device))
+    return logits.index_put(index, torch.tensor(float("-inf"), dtype=logits.dtype, device=device))
+
+
+def process_logits(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], eos_token_ids: Sequence[int]
+) -> torch.Tensor:
+    """Penalties then min_tokens masking: the logits greedy and random sampling start from."""
+    return apply_min_tokens(apply_penalties(logits, rows), rows, eos_token_ids)
+
+
+def _ranked(probs: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `width` largest probabilities per row, best first, ties by lower id, and their ids."""
+    if width >= probs.shape[1]:
+        return probs.sort(dim=-1, descending=True, stable=True)
+    # A partial top-k is far cheaper than a full sort; re-rank it so ties go to the lower id.
+    vals, ids = probs.topk(width, dim=-1)  # [m, width]
+    ids, perm = ids.sort(dim=-1)
+    vals, perm = vals.gather(1, perm).sort(dim=-1, descending=True, stable=True)
+    return vals, ids.gather(1, perm)
+
+
+def _truncate(probs: torch.Tensor, ks: list[int], top_ps: list[float]) -> torch.Tensor:
+    """Zero the probabilities outside each row's top_k, then outside its nucleus (top_p)."""
+    device = probs.device
+    width = max(ks)
+    ranked, ids = _ranked(probs, width)  # [m, width]
+    keep = (
+        torch.arange(width, device=device).unsqueeze(0) < torch.tensor(ks, device=device)[:, None]
+    )
+    ranked = ranked * keep
+    top_p = _column(top_ps, device)  # [m, 1]
+    cum = ranked.cumsum(dim=-1)
+    mass_before = cum - ranked  # exactly 0 for the first token, so it is always kept
+    # top_p is relative to what min_p/top_k left (vLLM renormalises before top_p).
+    keep &= (mass_before < top_p * cum[:, -1:]) | (top_p >= 1.0)
+    mask = torch.zeros_like(probs, dtype=torch.bool).scatter_(1, ids, keep)  # [m, vocab]
+    return probs * mask
+
+
+def _apply_top_k_top_p(probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Top-k then top-p truncation, in place on `probs` [num_rows, vocab]."""
+    num_rows, vocab = probs.shape
+    ks = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
+    # Rows with a top_k need only a partial top-k; rows with just a top_p need a full sort.
+    with_k = [i for i in range(num_rows) if ks[i] < vocab]
+    p_only = [i for i in range(num_rows) if ks[i] == vocab and rows[i].params.top_p < 1.0]
+    for group in (with_k, p_only):
+        if group:
+            idx = torch.tensor(group, device=probs.device)
+            top_ps = [rows[i].params.top_p for i in group]
+            probs[idx] = _truncate(probs[idx], [ks[i] for i in group], top_ps)
+    return probs
+
+
+def _exponential_noise(
+    rows: Sequence[SamplingRow], vocab: int, device: torch.device
+) -> torch.Tensor:
+    """Exp(1) noise per row from (seed, step) alone, independent of the rest of the batch."""
+    noise = torch.empty(len(rows), vocab, dtype=torch.float32, device=device)  # [m, vocab]
+    for i, r in enumerate(rows):
+        gen = torch.Generator(device=device)
+        gen.manual_seed(mix_seed(r.seed, len(r.output_token_ids)))
+        noise[i].exponential_(generator=gen)
+    # A zero draw would turn prob / noise into inf or NaN.
+    return noise.clamp_min_(torch.finfo(torch.float32).tiny)
+
+
+def _sample_random(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Temperature, min_p, top_k, top_p, then an exact draw: argmax(probs / Exp(1) noise)."""
+    device = logits.device
+    temperature = _column([r.params.temperature for r in rows], device)
+    probs = torch.softmax(logits / temperature, dim=-1)  # [m, vocab]
+    if any(r.params.min_p > 0.0 for r in rows):
+        min_p = _column([r.params.min_p for r in rows], device)
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+    probs = _apply_top_k_top_p(probs, rows)
+    noise = _exponential_noise(rows, logits.shape[1], device)
+    return (probs / noise).argmax(dim=-1)  # [m]
+
+
+class Sampler:
+    """Picks one token per row of logits; stateless apart from the EOS ids."""
+
+    def __init__(self, eos_token_ids: Sequence[int]) -> None:
+        self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
+
+    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(
+                f"logits must have shape [len(rows)={len(rows)}, vocab], got {list(logits.shape)}"
+            )
+        num_rows = len(rows)
+        if all(
+            r.params.is_greedy
+            and r.params.logprobs is None
+            and not _has_penalties(r.params)
+            and not _min_tokens_active(r)
+            for r in rows
+        ):
+            # Fast path: argmax is the same in any float dtype, no softmax needed.
+            return SamplerOutput(
+                token_ids=logits.argmax(dim=-1).tolist(),
+                logprobs=[None] * num_rows,
+                top_logprobs=[None] * num_rows,
+            )
+        raw = logits.float()  # [num_rows, vocab]
+        processed = process_logits(raw, rows, self.eos_token_ids)
+        sampled = processed.argmax(dim=-1)  # [num_rows]; random rows overwritten below
+        random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+        if random_rows:
+            idx = torch.tensor(random_rows, device=logits.device)
+            sampled[idx] = _sample_random(processed[idx], [rows[i] for i in random_rows])
+        return _with_logprobs(raw, sampled, rows)
+
+
+def _with_logprobs(
+    raw: torch.Tensor, sampled: torch.Tensor, rows: Sequence[SamplingRow]
+) -> SamplerOutput:
+    """Attach raw-distribution logprobs where requested and move everything to the host."""
+    num_rows, vocab = raw.shape
+    lp_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
+    if not lp_rows:
+        return SamplerOutput(sampled.tolist(), [None] * num_rows, [None] * num_rows)
+    idx = torch.tensor(lp_rows, device=raw.device)
+    logprobs = torch.log_softmax(raw[idx], dim=-1)  # [m, vocab]
+    chosen = logprobs.gather(1, sampled[idx].unsqueeze(1)).squeeze(1)  # [m]
+    k = min(vocab, max(rows[i].params.logprobs or 0 for i in lp_rows))
+    top_vals, top_ids = logprobs.topk(k, dim=-1)  # [m, k]
+    # Two host transfers in all: one for the integers, one for the floats.
+    ints = torch.cat([sampled, top_ids.flatten()]).tolist()
+    floats = torch.cat([chosen, top_vals.flatten()]).tolist()
+    token_ids: list[int] = ints[:num_rows]
+    out_lp: list[float | None] = [None] * num_rows
+    out_top: list[list[tuple[int, float]] | None] = [None] * num_rows
+    m = len(lp_rows)
+    for j, i in enumerate(lp_rows):
+        out_lp[i] = floats[j]
+        ids = ints[num_rows + j * k : num_rows + (j + 1) * k]
+        vals = floats[m + j * k : m + (j + 1) * k]
+        # topk leaves the order of ties unspecified: best first, then lower id.
+        pairs = sorted(zip(ids, vals, strict=True), key=lambda p: (-p[1], p[0]))
+        out_top[i] = pairs[: rows[i].params.logprobs]
+    return SamplerOutput(token_ids, out_lp, out_top)

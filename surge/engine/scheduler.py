@@ -1,0 +1,199 @@
+"""Continuous batching under one token budget per step, with chunked prefill and preemption.
+
+Each step: running requests first (decodes and unfinished prefill chunks, in policy order), then
+waiting requests join while budget, sequence slots and KV blocks last. When blocks run out, the
+running request the policy ranks last is preempted by recompute: its blocks are freed and it goes
+back to waiting with all its tokens (prompt + output so far), to be prefilled again later.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from surge.engine.batch import SampledTokens, ScheduledRequest, SchedulerOutput
+from surge.engine.block_manager import BlockManager
+from surge.engine.config import SchedulerConfig
+from surge.engine.policies import Policy
+from surge.engine.request import FinishReason, Request, RequestStatus, TokenLogprob
+from surge.engine.sampler import SamplingRow
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, policy: Policy) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.policy = policy
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._seq = itertools.count()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        if req.req_id in self.requests:
+            raise ValueError(f"duplicate request id {req.req_id!r}")
+        req.seq_no = next(self._seq)
+        self.requests[req.req_id] = req
+        self.waiting.append(req)
+
+    def finish(self, req_id: str, reason: FinishReason) -> Request | None:
+        """End a request wherever it is (abort, stop) and free its blocks. Unknown id: None."""
+        req = self.requests.pop(req_id, None)
+        if req is None:
+            return None
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        self.blocks.free(req_id)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        return req
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step --------------------------------------------------------------------------
+    def schedule(self, now_s: float) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        key = self.policy.key
+        self.running.sort(key=lambda r: key(r, now_s))
+        scheduled: list[tuple[Request, int]] = []
+        preempted: list[str] = []
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            while self.blocks.allocate_slots(req.req_id, req.num_computed_tokens + num_new) is None:
+                victim = self.running[-1]  # ranked last by the policy, not yet scheduled
+                self._preempt(victim)
+                preempted.append(victim.req_id)
+                if victim is req:
+                    break
+            else:
+                scheduled.append((req, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break  # req itself was preempted: everything after it is gone too
+
+        if not preempted:
+            budget = self._admit(now_s, budget, scheduled)
+
+        for req, num_new in scheduled:
+            self.policy.on_scheduled(req, num_new)
+            if req.first_scheduled_s is None:
+                req.first_scheduled_s = now_s
+        out = tuple(self._describe(req, n) for req, n in scheduled)
+        return SchedulerOutput(out, sum(n for _, n in scheduled), tuple(preempted))
+
+    def _admit(self, now_s: float, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+        key = self.policy.key
+        self.waiting.sort(key=lambda r: key(r, now_s))
+        admitted: list[Request] = []
+        for req in self.waiting:
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            if self._waits_for_sibling(req):
+                continue  # let the sibling fill the shared prompt blocks first
+            self._fork_from_sibling(req)
+            cached = 0
+            if not self.blocks.has(req.req_id):
+                cached = self.blocks.lookup_prefix(req.all_token_ids, req.block_hashes)
+                req.num_computed_tokens = cached
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            got = self.blocks.allocate_slots(
+                req.req_id,
+                req.num_computed_tokens + num_new,
+                req.all_token_ids,
+                req.block_hashes,
+            )
+            if got is None:
+                break  # head-of-line: don't let later arrivals jump a request that doesn't fit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = req.num_computed_tokens
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            admitted.append(req)
+            scheduled.append((req, num_new))
+            budget -= num_new
+        if admitted:
+            done = set(map(id, admitted))
+            self.waiting = [r for r in self.waiting if id(r) not in done]
+        return budget
+
+    def _waits_for_sibling(self, req: Request) -> bool:
+        sibling = self.requests.get(req.share_prompt_with or "")
+        if sibling is None or self.blocks.has(req.req_id):
+            return False
+        return sibling.num_computed_tokens < sibling.num_prompt_tokens
+
+    def _fork_from_sibling(self, req: Request) -> None:
+        """Without the prefix cache, n > 1 siblings share the prompt's full blocks by fork."""
+        sibling = self.requests.get(req.share_prompt_with or "")
+        if sibling is None or self.blocks.enable_prefix_caching or self.blocks.has(req.req_id):
+            return
+        if not self.blocks.has(sibling.req_id):
+            return
+        # Keep at least one prompt token to compute: its logits give the first sample.
+        num_blocks = (req.num_prompt_tokens - 1) // self.blocks.block_size
+        if num_blocks == 0:
+            return
+        self.blocks.fork(sibling.req_id, req.req_id, num_blocks)
+        req.num_computed_tokens = num_blocks * self.blocks.block_size
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.blocks.free(req.req_id)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+        self.num_preemptions += 1
+
+    def _describe(self, req: Request, num_new: int) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        end = start + num_new
+        sampling = None
+        if end == req.num_tokens:
+            sampling = SamplingRow(req.params, req.seed, req.prompt_token_ids, req.output_token_ids)
+        return ScheduledRequest(
+            req_id=req.req_id,
+            token_ids=tuple(req.all_token_ids[start:end]),
+            start_pos=start,
+            block_table=tuple(self.blocks.block_table(req.req_id)),
+            sampling=sampling,
+        )
+
+    # ---- after the model ran ---------------------------------------------------------------
+    def update(self, batch: SchedulerOutput, sampled: SampledTokens) -> list[Request]:
+        """Advance every scheduled request; return those that got a new token."""
+        advanced: list[Request] = []
+        for sreq in batch.requests:
+            req = self.requests.get(sreq.req_id)
+            if req is None:
+                continue  # aborted while the step ran
+            req.num_computed_tokens = sreq.start_pos + len(sreq.token_ids)
+            self.blocks.cache_full_blocks(
+                req.req_id, req.all_token_ids, req.block_hashes, req.num_computed_tokens
+            )
+            tok = sampled.tokens.get(sreq.req_id)
+            if tok is None:
+                continue  # a prefill chunk that did not reach the end of the prompt
+            logprob = None
+            if tok.logprob is not None:
+                logprob = TokenLogprob(tok.logprob, tok.top_logprobs or ())
+            req.append_token(tok.token_id, logprob)
+            advanced.append(req)
+        return advanced
+
+    # ---- observability ---------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)

@@ -1,0 +1,120 @@
+"""Paged attention: write each new token's K/V into its cache slot, attend through block tables.
+
+The cache of one layer is a pair of tensors [num_blocks, block_size, num_kv_heads, head_dim]. A step
+mixes decodes (one new token per request) with prefill chunks (many tokens per request). The runner
+lays the step's tokens out decodes first, then prefill chunks, and describes both groups here:
+
+    tokens:  | d0 d1 ... d(D-1) | p0 chunk ... | p1 chunk ... |
+    decodes: one batched attention over gathered blocks, masked by length
+    prefills: one attention per chunk, causal with an offset for the tokens already cached
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    query_start: int  # index of the chunk's first token in the step's token layout
+    query_len: int
+    start_pos: int  # tokens of this request already in the cache before this chunk
+    block_table: Tensor  # [num_blocks_needed] long, covers start_pos + query_len tokens
+
+
+@dataclass(frozen=True, slots=True)
+class AttnMetadata:
+    """Everything attention needs for one step, passed explicitly (no global context)."""
+
+    slot_mapping: Tensor  # [num_tokens] long: cache slot (block_id * block_size + offset) per token
+    num_decodes: int  # the first num_decodes tokens are decodes, one per request
+    decode_block_tables: Tensor  # [num_decodes, max_blocks] long, padded with block 0
+    decode_seq_lens: Tensor  # [num_decodes] long: tokens in cache incl. this step's token
+    decode_mask: Tensor  # [num_decodes, 1, 1, max_blocks * block_size] bool: True = attend
+    prefills: tuple[PrefillChunk, ...]
+    logits_indices: Tensor  # [num_sampled] long: rows of the hidden states that need logits
+    kv_caches: Sequence[tuple[Tensor, Tensor]]  # per layer (k, v)
+
+
+def paged_attention(
+    layer: int,
+    q: Tensor,  # [num_tokens, num_heads, head_dim]
+    k: Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    attn: AttnMetadata,
+    scale: float,
+) -> Tensor:  # [num_tokens, num_heads * head_dim]
+    k_cache, v_cache = attn.kv_caches[layer]
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    flat_k = k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    flat_v = v_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
+    flat_k.index_copy_(0, attn.slot_mapping, k.to(k_cache.dtype))
+    flat_v.index_copy_(0, attn.slot_mapping, v.to(v_cache.dtype))
+
+    num_tokens, num_heads, _ = q.shape
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    d = attn.num_decodes
+    if d:
+        out[:d] = _decode_attention(q[:d], k_cache, v_cache, attn, scale, group)
+    for chunk in attn.prefills:
+        rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+        if chunk.start_pos == 0:
+            # Nothing cached before this chunk: attend to the fresh K/V directly (no gather).
+            out[rows] = _prefill_attention(q[rows], k[rows], v[rows], 0, scale, group)
+        else:
+            kv_len = chunk.start_pos + chunk.query_len
+            ks = k_cache[chunk.block_table].flatten(0, 1)[:kv_len]  # [kv_len, kv_heads, head_dim]
+            vs = v_cache[chunk.block_table].flatten(0, 1)[:kv_len]
+            out[rows] = _prefill_attention(q[rows], ks, vs, chunk.start_pos, scale, group)
+    return out.view(num_tokens, num_heads * head_dim)
+
+
+def _decode_attention(
+    q: Tensor,  # [D, num_heads, head_dim]
+    k_cache: Tensor,
+    v_cache: Tensor,
+    attn: AttnMetadata,
+    scale: float,
+    group: int,
+) -> Tensor:  # [D, num_heads, head_dim]
+    d, num_heads, head_dim = q.shape
+    num_kv_heads = num_heads // group
+    # Gather whole blocks, then mask the positions past each request's length.
+    ks = k_cache[attn.decode_block_tables].flatten(1, 2)  # [D, L, kv_heads, head_dim]
+    vs = v_cache[attn.decode_block_tables].flatten(1, 2)
+    ks = ks.transpose(1, 2).to(q.dtype)  # [D, kv_heads, L, head_dim]
+    vs = vs.transpose(1, 2).to(q.dtype)
+    # The `group` query heads sharing a KV head act as `group` queries of length 1 each.
+    qg = q.view(d, num_kv_heads, group, head_dim)  # [D, kv_heads, group, head_dim]
+    o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=attn.decode_mask, scale=scale)
+    return o.reshape(d, num_heads, head_dim)
+
+
+def _prefill_attention(
+    q: Tensor,  # [Lq, num_heads, head_dim]
+    k: Tensor,  # [Lk, kv_heads, head_dim], Lk = start_pos + Lq
+    v: Tensor,
+    start_pos: int,
+    scale: float,
+    group: int,
+) -> Tensor:  # [Lq, num_heads, head_dim]
+    lq = q.shape[0]
+    lk = k.shape[0]
+    qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, Lq, head_dim]
+    kh = k.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+    vh = v.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+    if start_pos == 0 and lq == lk:
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    else:
+        # Query i sits at absolute position start_pos + i and sees keys 0..start_pos + i.
+        qpos = torch.arange(lq, device=q.device).unsqueeze(1) + start_pos
+        kpos = torch.arange(lk, device=q.device).unsqueeze(0)
+        mask = kpos <= qpos  # [Lq, Lk]
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
+    return o.squeeze(0).transpose(0, 1)

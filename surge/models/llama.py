@@ -1,0 +1,132 @@
+"""Llama-family causal LM written for paged attention.
+
+One class serves Llama 2/3, SmolLM2, Mistral and Qwen2 (attention biases) by `ModelSpec` flags.
+Tokens of all requests in a step are flattened into one [num_tokens] batch: no padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+
+from surge.models.attention import AttnMetadata, paged_attention
+from surge.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from surge.models.spec import ModelSpec
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads = spec.num_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
+        self.q_size = spec.num_heads * spec.head_dim
+        self.kv_size = spec.num_kv_heads * spec.head_dim
+        # q, k and v fused into one matmul: one large GEMM beats three small ones on CPU.
+        self.qkv_proj = nn.Linear(
+            spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=False)
+        self.scale = spec.head_dim**-0.5
+
+    def forward(
+        self, x: Tensor, positions: Tensor, rotary: RotaryEmbedding, attn: AttnMetadata
+    ) -> Tensor:
+        n = x.shape[0]
+        qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        o = paged_attention(self.layer, q, k, v, attn, self.scale)  # [num_tokens, q_size]
+        return self.o_proj(o)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.self_attn = Attention(spec, layer)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
+
+    def forward(
+        self, x: Tensor, positions: Tensor, rotary: RotaryEmbedding, attn: AttnMetadata
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, spec: ModelSpec, max_position: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = (
+            None
+            if spec.tie_word_embeddings
+            else nn.Linear(spec.hidden_size, spec.vocab_size, False)
+        )
+        self.rotary = RotaryEmbedding(
+            spec.head_dim, spec.rope_theta, spec.rope_scaling, max_position
+        )
+
+    def forward(self, input_ids: Tensor, positions: Tensor, attn: AttnMetadata) -> Tensor:
+        """input_ids, positions: [num_tokens] -> logits [num_sampled, vocab] at logits_indices."""
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        for layer in self.layers:
+            x = layer(x, positions, self.rotary, attn)
+        # The final norm is per row, so only rows that sample need it.
+        x = self.norm(x[attn.logits_indices])  # [num_sampled, hidden]
+        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return x @ head.t()
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Load HF-named tensors, fusing q/k/v and gate/up into the fused projections."""
+        params = dict(self.named_parameters())
+        pending: dict[str, dict[str, Tensor]] = {}
+        loaded: set[str] = set()
+        fused = {
+            "q_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+            "k_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+            "v_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+            "gate_proj": ("gate_up_proj", ("gate_proj", "up_proj")),
+            "up_proj": ("gate_up_proj", ("gate_proj", "up_proj")),
+        }
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: the embedding serves as the head
+            parts = name.split(".")
+            part = parts[-2] if len(parts) >= 2 else ""
+            if part in fused:
+                target_part, members = fused[part]
+                target = ".".join([*parts[:-2], target_part, parts[-1]])
+                group = pending.setdefault(target, {})
+                group[part] = tensor
+                if all(m in group for m in members):
+                    tensor = torch.cat([group[m] for m in members], dim=0)
+                    del pending[target]
+                    name = target
+                else:
+                    continue
+            if name not in params:
+                raise ValueError(f"unexpected weight {hf_name!r}")
+            param = params[name]
+            if tuple(param.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"weight {hf_name!r} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(param.shape)}"
+                )
+            with torch.no_grad():
+                param.copy_(tensor)
+            loaded.add(name)
+        missing = set(params) - loaded
+        if pending or missing:
+            raise ValueError(f"weights missing from the model files: {sorted(missing)[:8]}")

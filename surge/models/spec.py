@@ -1,0 +1,251 @@
+"""The shape of a decoder-only transformer, read from an HF config.json or GGUF metadata."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import gguf
+import numpy as np
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
+
+_HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+# Llama 3.1's original context; a GGUF keeps only the rope_freqs tensor derived from it.
+_LLAMA3_ORIGINAL_CONTEXT = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    kind: str  # "linear" | "dynamic" | "llama3" | "yarn"
+    factor: float
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attn_factor: float | None = None  # yarn mscale override
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_SCALING_KINDS:
+            raise ValueError(
+                f"unsupported rope scaling type {self.kind!r}; supported: {ROPE_SCALING_KINDS}"
+            )
+        if not self.factor > 0:
+            raise ValueError(f"rope scaling factor must be > 0, got {self.factor}")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    architecture: str  # "llama" | "mistral" | "qwen2"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v projections have biases (Qwen2)
+    sliding_window: int | None = None  # parsed and recorded (Mistral); not applied
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {self.architecture!r}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any]) -> ModelSpec:
+        """Spec from a transformers config.json (Llama, Mistral or Qwen2 causal LM)."""
+        arch = _hf_architecture(cfg)
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        # transformers >= 5 nests theta and scaling under "rope_parameters".
+        rope_params: dict[str, Any] = cfg.get("rope_parameters") or {}
+        theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+        scaling = cfg.get("rope_scaling") or rope_params
+        sliding = cfg.get("sliding_window")
+        if arch == "qwen2" and not cfg.get("use_sliding_window", False):
+            sliding = None  # Qwen2 configs carry a window they do not use
+        return cls(
+            architecture=arch,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            rope_scaling=_hf_rope_scaling(scaling),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+            sliding_window=int(sliding) if sliding else None,
+        )
+
+    @classmethod
+    def from_gguf(cls, reader: gguf.GGUFReader) -> ModelSpec:
+        """Spec from GGUF metadata ("{arch}.*" keys) and the tensors the file holds."""
+        arch = str(_field(reader, "general.architecture"))
+        if arch not in ("llama", "qwen2"):
+            raise ValueError(
+                f"unsupported GGUF architecture {arch!r}; supported: llama (incl. Mistral), qwen2"
+            )
+        tensors = {t.name: t for t in reader.tensors}
+
+        def key(name: str, default: Any = None) -> Any:
+            return _field(reader, f"{arch}.{name}", default)
+
+        hidden = int(key("embedding_length"))
+        heads = int(key("attention.head_count"))
+        head_dim = int(key("attention.key_length", hidden // heads))
+        rot_dim = int(key("rope.dimension_count", head_dim))
+        if rot_dim != head_dim:
+            raise ValueError(f"partial rotary embeddings ({rot_dim} of {head_dim}) not supported")
+        vocab = key("vocab_size")
+        if vocab is None:
+            vocab = len(_field(reader, "tokenizer.ggml.tokens", []))
+        name = str(_field(reader, "general.name", "")).lower()
+        # llama.cpp stores Mistral under the llama architecture; only the name tells them apart.
+        spec_arch = "mistral" if arch == "llama" and "mistral" in name else arch
+        rope_freqs = tensors.get("rope_freqs.weight")
+        sliding = key("attention.sliding_window")
+        return cls(
+            architecture=spec_arch,
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=int(key("feed_forward_length")),
+            num_layers=int(key("block_count")),
+            num_heads=heads,
+            num_kv_heads=int(key("attention.head_count_kv", heads)),
+            head_dim=head_dim,
+            rms_norm_eps=_f32(key("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=_f32(key("rope.freq_base", 10000.0)),
+            rope_scaling=_gguf_rope_scaling(reader, arch, rope_freqs, head_dim),
+            max_position_embeddings=int(key("context_length", 2048)),
+            tie_word_embeddings="output.weight" not in tensors,
+            attention_bias="blk.0.attn_q.bias" in tensors,
+            sliding_window=int(sliding) if sliding else None,
+        )
+
+
+def _hf_architecture(cfg: dict[str, Any]) -> str:
+    names = cfg.get("architectures") or []
+    for name in names:
+        if name in _HF_ARCHITECTURES:
+            return _HF_ARCHITECTURES[name]
+    model_type = cfg.get("model_type")
+    if not names and model_type in SUPPORTED_ARCHITECTURES:
+        return str(model_type)
+    raise ValueError(
+        f"unsupported architecture {names or model_type!r}; "
+        f"supported: {', '.join(_HF_ARCHITECTURES)}"
+    )
+
+
+def _hf_rope_scaling(raw: dict[str, Any]) -> RopeScaling | None:
+    kind = raw.get("rope_type", raw.get("type"))
+    if kind in (None, "default", "none"):
+        return None
+    orig = raw.get("original_max_position_embeddings")
+    return RopeScaling(
+        kind=str(kind),
+        factor=float(raw["factor"]),
+        original_max_position_embeddings=int(orig) if orig is not None else None,
+        low_freq_factor=float(raw.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(raw.get("high_freq_factor", 4.0)),
+        beta_fast=float(raw.get("beta_fast", 32.0)),
+        beta_slow=float(raw.get("beta_slow", 1.0)),
+        attn_factor=_opt_float(raw.get("attention_factor")),
+    )
+
+
+def _gguf_rope_scaling(
+    reader: gguf.GGUFReader, arch: str, rope_freqs: Any, head_dim: int
+) -> RopeScaling | None:
+    def key(name: str, default: Any = None) -> Any:
+        return _field(reader, f"{arch}.rope.scaling.{name}", default)
+
+    kind = key("type")
+    factor = key("factor")
+    orig = key("original_context_length")
+    if kind in ("linear", "yarn") and factor:
+        return RopeScaling(
+            kind=str(kind),
+            factor=_f32(factor),
+            original_max_position_embeddings=int(orig) if orig else None,
+            beta_fast=float(key("yarn_beta_fast", 32.0)),
+            beta_slow=float(key("yarn_beta_slow", 1.0)),
+            attn_factor=_opt_float(key("yarn_attn_factor", key("attn_factor"))),
+        )
+    if kind not in (None, "none", "linear", "yarn"):
+        raise ValueError(f"unsupported GGUF rope scaling type {kind!r}")
+    if rope_freqs is None:
+        return None
+    return _llama3_from_rope_freqs(reader, arch, rope_freqs, head_dim)
+
+
+def _llama3_from_rope_freqs(
+    reader: gguf.GGUFReader, arch: str, rope_freqs: Any, head_dim: int
+) -> RopeScaling:
+    """Llama 3.1 GGUFs store only the per-frequency divisors; match them to llama3 scaling."""
+    divisors = np.asarray(gguf.quants.dequantize(rope_freqs.data, rope_freqs.tensor_type))
+    divisors = divisors.reshape(-1).astype(np.float64)
+    theta = float(_field(reader, f"{arch}.rope.freq_base", 10000.0))
+    scaling = RopeScaling(
+        kind="llama3",
+        factor=float(divisors.max()),
+        original_max_position_embeddings=_LLAMA3_ORIGINAL_CONTEXT,
+    )
+    expected = _llama3_divisors(scaling, theta, head_dim)
+    if expected.shape != divisors.shape or not np.allclose(expected, divisors, rtol=1e-3):
+        raise ValueError("GGUF rope_freqs tensor does not match Llama 3 rope scaling (defaults)")
+    return scaling
+
+
+def _llama3_divisors(scaling: RopeScaling, theta: float, head_dim: int) -> np.ndarray:
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    orig = float(scaling.original_max_position_embeddings or 8192)
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (orig / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    mid = 1.0 / ((1 - smooth) / scaling.factor + smooth)
+    out = np.where(wavelen < orig / scaling.high_freq_factor, 1.0, mid)
+    return np.where(wavelen > orig / scaling.low_freq_factor, scaling.factor, out)
+
+
+def _f32(value: Any) -> float:
+    # GGUF stores float32: take its shortest decimal (1e-05, not 9.999999747378752e-06), the
+    # value the original config.json held.
+    return float(str(np.float32(value)))
+
+
+def _opt_float(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+def _field(reader: gguf.GGUFReader, name: str, default: Any = None) -> Any:
+    field = reader.get_field(name)
+    if field is None:
+        return default
+    return field.contents()

@@ -1,0 +1,84 @@
+"""Weights from a GGUF file: dequantized to float32 and renamed to HF parameter names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import gguf
+import numpy as np
+import torch
+
+from surge.models.spec import ModelSpec
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+# Already folded into ModelSpec.rope_scaling, not a model parameter.
+_SKIPPED = frozenset({"rope_freqs.weight"})
+
+
+def hf_name(gguf_name: str) -> str:
+    """HF parameter name for a llama.cpp tensor name, e.g. blk.3.attn_q.weight ->
+    model.layers.3.self_attn.q_proj.weight."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_RE.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        raise ValueError(f"unsupported GGUF tensor {gguf_name!r} (not a llama/qwen2 weight)")
+    return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+
+
+def gguf_weights(reader: gguf.GGUFReader, spec: ModelSpec) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, float32 tensor in HF shape) for every parameter in the file."""
+    arch = reader.get_field("general.architecture")
+    # llama.cpp's converter interleaves q/k rows for its RoPE on llama models only.
+    permuted = arch is not None and arch.contents() == "llama"
+    for tensor in reader.tensors:
+        if tensor.name in _SKIPPED:
+            continue
+        name = hf_name(tensor.name)
+        weight = dequantize(tensor)
+        if permuted and ".self_attn.q_proj." in name:
+            weight = unpermute_rope_rows(weight, spec.num_heads)
+        elif permuted and ".self_attn.k_proj." in name:
+            weight = unpermute_rope_rows(weight, spec.num_kv_heads)
+        yield name, weight
+
+
+def dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:
+    """Float32 copy of a GGUF tensor, shaped [rows, cols] like PyTorch (GGUF lists dims
+    innermost first)."""
+    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    # Copy out of the read-only memory map so torch owns writable memory.
+    array = np.require(values, dtype=np.float32, requirements=["C", "W"])
+    return torch.from_numpy(array).reshape(shape)
+
+
+def unpermute_rope_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's row permutation: within each head, GGUF interleaves the two rotary
+    halves (pairs), HF keeps them as two contiguous halves (rotate_half)."""
+    rows = weight.shape[0]
+    if rows % (2 * n_heads) != 0:
+        raise ValueError(f"cannot un-permute {rows} rows into {n_heads} heads")
+    # [heads, head_dim/2, 2, ...] -> [heads, 2, head_dim/2, ...]
+    split = weight.reshape(n_heads, rows // n_heads // 2, 2, *weight.shape[1:])
+    return split.transpose(1, 2).reshape(weight.shape).contiguous()
