@@ -45,8 +45,8 @@ def plan_kv_cache(
 def allocate_kv_cache(
     spec: ModelSpec, plan: KVCachePlan, dtype: torch.dtype, device: torch.device
 ) -> list[tuple[Tensor, Tensor]]:
-    """Per layer (k, v), each [num_blocks, block_size, num_kv_heads, head_dim], zeroed."""
-    shape = (plan.num_blocks, plan.block_size, spec.num_kv_heads, spec.head_dim)
+    """Per layer (k, v), each [num_kv_heads, num_blocks, block_size, head_dim], zeroed."""
+    shape = (spec.num_kv_heads, plan.num_blocks, plan.block_size, spec.head_dim)
     return [
         (
             torch.zeros(shape, dtype=dtype, device=device),

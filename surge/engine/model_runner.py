@@ -95,18 +95,20 @@ class ModelRunner:
             decode_tables = torch.tensor(tables, dtype=torch.long, device=dev)
             seq_lens = torch.tensor([r.start_pos + 1 for r in decodes], device=dev)
             span = torch.arange(max_blocks * bs, device=dev)
-            decode_mask = (span.unsqueeze(0) < seq_lens.unsqueeze(1)).view(len(decodes), 1, 1, -1)
+            past_end = span.unsqueeze(0) >= seq_lens.unsqueeze(1)  # [D, L]
+            decode_bias = torch.zeros(past_end.shape, device=dev).masked_fill_(past_end, -torch.inf)
+            decode_bias = decode_bias.unsqueeze(1)  # [D, 1, L]
         else:
             decode_tables = torch.zeros((0, 1), dtype=torch.long, device=dev)
             seq_lens = torch.zeros(0, dtype=torch.long, device=dev)
-            decode_mask = torch.zeros((0, 1, 1, bs), dtype=torch.bool, device=dev)
+            decode_bias = torch.zeros((0, 1, bs), device=dev)
 
         attn = AttnMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             num_decodes=len(decodes),
             decode_block_tables=decode_tables,
             decode_seq_lens=seq_lens,
-            decode_mask=decode_mask,
+            decode_bias=decode_bias,
             prefills=tuple(chunks),
             logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=dev),
             kv_caches=self.kv_caches,

@@ -1,6 +1,6 @@
 """Paged attention: write each new token's K/V into its cache slot, attend through block tables.
 
-The cache of one layer is a pair of tensors [num_blocks, block_size, num_kv_heads, head_dim]. A step
+The cache of one layer is a pair of tensors [num_kv_heads, num_blocks, block_size, head_dim]. A step
 mixes decodes (one new token per request) with prefill chunks (many tokens per request). The runner
 lays the step's tokens out decodes first, then prefill chunks, and describes both groups here:
 
@@ -35,7 +35,7 @@ class AttnMetadata:
     num_decodes: int  # the first num_decodes tokens are decodes, one per request
     decode_block_tables: Tensor  # [num_decodes, max_blocks] long, padded with block 0
     decode_seq_lens: Tensor  # [num_decodes] long: tokens in cache incl. this step's token
-    decode_mask: Tensor  # [num_decodes, 1, 1, max_blocks * block_size] bool: True = attend
+    decode_bias: Tensor  # [num_decodes, 1, max_blocks * block_size] float: 0 attend, -inf not
     prefills: tuple[PrefillChunk, ...]
     logits_indices: Tensor  # [num_sampled] long: rows of the hidden states that need logits
     kv_caches: Sequence[tuple[Tensor, Tensor]]  # per layer (k, v)
@@ -49,12 +49,13 @@ def paged_attention(
     attn: AttnMetadata,
     scale: float,
 ) -> Tensor:  # [num_tokens, num_heads * head_dim]
-    k_cache, v_cache = attn.kv_caches[layer]
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    flat_k = k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
-    flat_v = v_cache.view(num_blocks * block_size, num_kv_heads, head_dim)
-    flat_k.index_copy_(0, attn.slot_mapping, k.to(k_cache.dtype))
-    flat_v.index_copy_(0, attn.slot_mapping, v.to(v_cache.dtype))
+    k_cache, v_cache = attn.kv_caches[layer]  # [kv_heads, num_blocks, block_size, head_dim]
+    num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    # Head-major layout: gathering a request's blocks gives a contiguous [kv_heads, L, head_dim].
+    flat_k = k_cache.view(num_kv_heads, num_blocks * block_size, head_dim)
+    flat_v = v_cache.view(num_kv_heads, num_blocks * block_size, head_dim)
+    flat_k.index_copy_(1, attn.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
+    flat_v.index_copy_(1, attn.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
 
     num_tokens, num_heads, _ = q.shape
     group = num_heads // num_kv_heads
@@ -66,49 +67,53 @@ def paged_attention(
         rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
         if chunk.start_pos == 0:
             # Nothing cached before this chunk: attend to the fresh K/V directly (no gather).
-            out[rows] = _prefill_attention(q[rows], k[rows], v[rows], 0, scale, group)
+            kf, vf = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # [kv_heads, Lq, head_dim]
+            out[rows] = _prefill_attention(q[rows], kf, vf, 0, scale, group)
         else:
             kv_len = chunk.start_pos + chunk.query_len
-            ks = k_cache[chunk.block_table].flatten(0, 1)[:kv_len]  # [kv_len, kv_heads, head_dim]
-            vs = v_cache[chunk.block_table].flatten(0, 1)[:kv_len]
+            ks = k_cache.index_select(1, chunk.block_table).flatten(1, 2)[:, :kv_len]
+            vs = v_cache.index_select(1, chunk.block_table).flatten(1, 2)[:, :kv_len]
             out[rows] = _prefill_attention(q[rows], ks, vs, chunk.start_pos, scale, group)
     return out.view(num_tokens, num_heads * head_dim)
 
 
 def _decode_attention(
     q: Tensor,  # [D, num_heads, head_dim]
-    k_cache: Tensor,
+    k_cache: Tensor,  # [kv_heads, num_blocks, block_size, head_dim]
     v_cache: Tensor,
     attn: AttnMetadata,
     scale: float,
     group: int,
 ) -> Tensor:  # [D, num_heads, head_dim]
     d, num_heads, head_dim = q.shape
-    num_kv_heads = num_heads // group
-    # Gather whole blocks, then mask the positions past each request's length.
-    ks = k_cache[attn.decode_block_tables].flatten(1, 2)  # [D, L, kv_heads, head_dim]
-    vs = v_cache[attn.decode_block_tables].flatten(1, 2)
-    ks = ks.transpose(1, 2).to(q.dtype)  # [D, kv_heads, L, head_dim]
-    vs = vs.transpose(1, 2).to(q.dtype)
-    # The `group` query heads sharing a KV head act as `group` queries of length 1 each.
-    qg = q.view(d, num_kv_heads, group, head_dim)  # [D, kv_heads, group, head_dim]
-    o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=attn.decode_mask, scale=scale)
-    return o.reshape(d, num_heads, head_dim)
+    kvh = num_heads // group
+    tables = attn.decode_block_tables.view(-1)  # [D * max_blocks]
+    # One gather per cache gives [kv_heads, D * max_blocks, block_size, hd], contiguous;
+    # index_select copies whole blocks, ~2x faster than advanced indexing on CPU.
+    ks = k_cache.index_select(1, tables).view(kvh * d, -1, head_dim)  # [kv_heads * D, L, hd]
+    vs = v_cache.index_select(1, tables).view(kvh * d, -1, head_dim)
+    # The `group` query heads sharing a KV head are `group` rows against the same keys.
+    qg = q.view(d, kvh, group, head_dim).transpose(0, 1).reshape(kvh * d, group, head_dim)
+    scores = torch.bmm(qg, ks.transpose(1, 2)).float() * scale  # [kv_heads * D, group, L]
+    scores = scores.view(kvh, d, group, -1) + attn.decode_bias  # bias [D, 1, L]: 0 or -inf
+    probs = torch.softmax(scores, dim=-1).to(vs.dtype).view(kvh * d, group, -1)
+    o = torch.bmm(probs, vs)  # [kv_heads * D, group, hd]
+    return o.view(kvh, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
 
 
 def _prefill_attention(
     q: Tensor,  # [Lq, num_heads, head_dim]
-    k: Tensor,  # [Lk, kv_heads, head_dim], Lk = start_pos + Lq
+    k: Tensor,  # [kv_heads, Lk, head_dim], Lk = start_pos + Lq
     v: Tensor,
     start_pos: int,
     scale: float,
     group: int,
 ) -> Tensor:  # [Lq, num_heads, head_dim]
     lq = q.shape[0]
-    lk = k.shape[0]
+    lk = k.shape[1]
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, Lq, head_dim]
-    kh = k.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
-    vh = v.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0)
+    kh = k.to(q.dtype).repeat_interleave(group, dim=0).unsqueeze(0)  # [1, heads, Lk, head_dim]
+    vh = v.to(q.dtype).repeat_interleave(group, dim=0).unsqueeze(0)
     if start_pos == 0 and lq == lk:
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
     else:

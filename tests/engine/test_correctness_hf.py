@@ -141,8 +141,8 @@ def test_max_logit_difference(
                 num_decodes=0,
                 decode_block_tables=torch.zeros((0, 1), dtype=torch.long),
                 decode_seq_lens=torch.zeros(0, dtype=torch.long),
-                decode_mask=torch.zeros((0, 1, 1, 1), dtype=torch.bool),
-                prefills=(_chunk(n, k.shape[1]),),
+                decode_bias=torch.zeros((0, 1, 1)),
+                prefills=(_chunk(n, k.shape[2]),),
                 logits_indices=torch.arange(n),
                 kv_caches=llm.engine.runner.kv_caches,
             )
