@@ -26,6 +26,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=512)
     g.add_argument("--scheduling-policy", default="fcfs")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--no-kernels", action="store_true", help="torch ops only (no compiled CPU attention)"
+    )
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -36,6 +39,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             device=args.device,
             max_model_len=args.max_model_len,
             seed=args.seed,
+            use_kernels=not args.no_kernels,
         ),
         cache=CacheConfig(
             block_size=args.block_size,

@@ -12,6 +12,7 @@ class ModelConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     max_model_len: int | None = None  # None: the model's own context length
     seed: int = 0  # seeds random requests that carry no seed of their own
+    use_kernels: bool = True  # compiled CPU attention kernels (built on first use; torch fallback)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -61,7 +61,9 @@ class EngineCore:
         kv_caches = allocate_kv_cache(spec, self.plan, dtype, device)
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
         sampler = Sampler(self.eos_token_ids)
-        self.runner = ModelRunner(self.model, kv_caches, sampler, device, cache.block_size)
+        self.runner = ModelRunner(
+            self.model, kv_caches, sampler, device, cache.block_size, config.model.use_kernels
+        )
         self.blocks = BlockManager(
             self.plan.num_blocks, cache.block_size, cache.enable_prefix_caching
         )

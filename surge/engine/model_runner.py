@@ -8,6 +8,7 @@ from torch import Tensor
 from surge.engine.batch import SampledToken, SampledTokens, ScheduledRequest, SchedulerOutput
 from surge.engine.sampler import Sampler, SamplingRow
 from surge.models.attention import AttnMetadata, PrefillChunk
+from surge.models.kernels import load_paged_decode
 from surge.models.llama import LlamaForCausalLM
 
 
@@ -19,8 +20,13 @@ class ModelRunner:
         sampler: Sampler,
         device: torch.device,
         block_size: int,
+        use_kernels: bool = True,
     ) -> None:
         self.model = model
+        self.decode_op = None
+        if use_kernels and device.type == "cpu":
+            module = load_paged_decode()
+            self.decode_op = module.paged_decode if module is not None else None
         self.kv_caches = kv_caches
         self.sampler = sampler
         self.device = device
@@ -112,6 +118,7 @@ class ModelRunner:
             prefills=tuple(chunks),
             logits_indices=torch.tensor(logits_indices, dtype=torch.long, device=dev),
             kv_caches=self.kv_caches,
+            decode_op=self.decode_op,
         )
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos_t = torch.tensor(positions, dtype=torch.long, device=dev)

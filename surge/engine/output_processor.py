@@ -110,6 +110,10 @@ class OutputProcessor:
         parent = self._parents.get(req_id)
         return list(parent.children) if parent else []
 
+    def parent_of(self, seq_id: str) -> str | None:
+        seq = self._seqs.get(seq_id)
+        return seq.parent.req_id if seq else None
+
     def remove(self, req_id: str) -> list[str]:
         """Forget a request (aborted by the caller); return its unfinished sequence ids."""
         parent = self._parents.pop(req_id, None)

@@ -11,7 +11,7 @@ lays the step's tokens out decodes first, then prefill chunks, and describes bot
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +39,9 @@ class AttnMetadata:
     prefills: tuple[PrefillChunk, ...]
     logits_indices: Tensor  # [num_sampled] long: rows of the hidden states that need logits
     kv_caches: Sequence[tuple[Tensor, Tensor]]  # per layer (k, v)
+    # Compiled paged decode (q, k_cache, v_cache, block_tables, seq_lens, scale) -> out; None:
+    # the torch-ops path (gather blocks, then batched matmuls).
+    decode_op: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float], Tensor] | None = None
 
 
 def paged_attention(
@@ -85,6 +88,10 @@ def _decode_attention(
     scale: float,
     group: int,
 ) -> Tensor:  # [D, num_heads, head_dim]
+    if attn.decode_op is not None:
+        return attn.decode_op(
+            q.contiguous(), k_cache, v_cache, attn.decode_block_tables, attn.decode_seq_lens, scale
+        )
     d, num_heads, head_dim = q.shape
     kvh = num_heads // group
     tables = attn.decode_block_tables.view(-1)  # [D * max_blocks]

@@ -57,8 +57,9 @@ def run_greedy(tiny_model_dir: Path, **engine_kwargs: object) -> tuple[LLM, list
         {"max_num_batched_tokens": 16},
         {"block_size": 4, "num_blocks": 40, "enable_prefix_caching": False},
         {"block_size": 4, "num_blocks": 40},
+        {"use_kernels": False, "max_num_batched_tokens": 16},
     ],
-    ids=["default", "no-prefix-cache", "chunked-16", "preempt", "preempt-cached"],
+    ids=["default", "no-prefix-cache", "chunked-16", "preempt", "preempt-cached", "torch-ops"],
 )
 def test_greedy_matches_transformers(
     tiny_model_dir: Path, hf_reference: list[list[int]], engine_kwargs: dict[str, object]

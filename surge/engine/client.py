@@ -1,0 +1,260 @@
+"""AsyncEngineClient: the API process's only view of the engine, which runs in its own process.
+
+One reader thread receives engine messages and hands them to the event loop; everything else
+(detokenization, stop strings, per-request queues) runs on the loop, single-threaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from surge.engine.config import EngineConfig
+from surge.engine.core_process import run_engine_core
+from surge.engine.output_processor import OutputProcessor, RequestDelta
+from surge.engine.outputs import EngineStats
+from surge.engine.protocol import (
+    Abort,
+    AddRequests,
+    Fatal,
+    FromEngine,
+    Outputs,
+    Ready,
+    RequestFailed,
+    Shutdown,
+    ToEngine,
+)
+from surge.models.tokenizer import Tokenizer
+from surge.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine process is gone: in-flight requests cannot finish."""
+
+
+class EngineRequestError(ValueError):
+    """The engine refused one request (e.g. it can never fit)."""
+
+
+class RequestAbortedError(RuntimeError):
+    """The request was aborted from outside its stream (e.g. by a timeout)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    error: Exception
+
+
+class AsyncEngineClient:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        info: Ready,
+        process: BaseProcess,
+        to_engine: Connection,
+        from_engine: Connection,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.info = info
+        self.max_model_len = info.max_model_len
+        self._process = process
+        self._to_engine = to_engine
+        self._from_engine = from_engine
+        self._processor = OutputProcessor(tokenizer)
+        self._queues: dict[str, asyncio.Queue[RequestDelta | _Failure]] = {}
+        self._stats = EngineStats(num_blocks=info.num_blocks, block_size=info.block_size)
+        self._send_lock = threading.Lock()
+        self._loop = asyncio.get_running_loop()
+        self.dead_reason: str | None = None
+        self._closing = False
+        self._on_dead: list[asyncio.Event] = []
+        self._reader = threading.Thread(
+            target=self._read_forever, name="engine-reader", daemon=True
+        )
+        self._reader.start()
+
+    # ---- start and stop --------------------------------------------------------------------
+    @classmethod
+    async def start(
+        cls, config: EngineConfig, tokenizer: Tokenizer, startup_timeout_s: float = 600.0
+    ) -> AsyncEngineClient:
+        ctx = mp.get_context("spawn")  # fork would copy torch's thread pools and locks
+        to_engine_r, to_engine_w = ctx.Pipe(duplex=False)
+        from_engine_r, from_engine_w = ctx.Pipe(duplex=False)
+        process = ctx.Process(
+            target=run_engine_core,
+            args=(config, to_engine_r, from_engine_w),
+            name="surge-engine-core",
+            daemon=True,  # never outlive the API process
+        )
+        process.start()
+        to_engine_r.close()
+        from_engine_w.close()
+        msg = await asyncio.to_thread(_wait_ready, from_engine_r, process, startup_timeout_s)
+        return cls(tokenizer, msg, process, to_engine_w, from_engine_r)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def healthy(self) -> bool:
+        return self.dead_reason is None and self._process.is_alive()
+
+    async def shutdown(self, timeout_s: float = 10.0) -> None:
+        self._closing = True
+        if self._process.is_alive():
+            self._send(Shutdown())
+            await asyncio.to_thread(self._process.join, timeout_s)
+        if self._process.is_alive():
+            self._process.kill()
+            await asyncio.to_thread(self._process.join, 5.0)
+
+    def wait_dead(self) -> asyncio.Event:
+        """An event set when the engine dies (for the server's supervisor task)."""
+        ev = asyncio.Event()
+        if self.dead_reason is not None:
+            ev.set()
+        self._on_dead.append(ev)
+        return ev
+
+    # ---- requests --------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._queues)
+
+    async def generate(
+        self,
+        req_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        priority: int = 0,
+        tenant: str = "",
+        cache_salt: str | None = None,
+        arrival_s: float | None = None,
+    ) -> AsyncGenerator[RequestDelta, None]:
+        """Stream a request's deltas until it finishes. Closing the iterator aborts it."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        queue: asyncio.Queue[RequestDelta | _Failure] = asyncio.Queue()
+        creqs = self._processor.add(
+            req_id,
+            prompt_token_ids,
+            params,
+            arrival_s=arrival_s if arrival_s is not None else time.monotonic(),
+            priority=priority,
+            tenant=tenant,
+            cache_salt=cache_salt,
+        )
+        self._queues[req_id] = queue
+        finished = False
+        try:
+            self._send(AddRequests(creqs))
+            while True:
+                item = await queue.get()
+                if isinstance(item, _Failure):
+                    finished = True
+                    raise item.error
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            self._queues.pop(req_id, None)
+            if not finished:
+                self.abort(req_id)
+
+    def abort(self, req_id: str) -> None:
+        """Stop a request at once; the engine frees its blocks. Unknown ids are ignored."""
+        q = self._queues.pop(req_id, None)
+        if q is not None:
+            q.put_nowait(_Failure(RequestAbortedError(f"request {req_id} aborted")))
+        live = self._processor.remove(req_id)
+        if live and self.dead_reason is None:
+            self._send(Abort(live))
+
+    # ---- engine messages -------------------------------------------------------------------
+    def _send(self, msg: ToEngine) -> None:
+        try:
+            with self._send_lock:
+                self._to_engine.send(msg)
+        except (OSError, BrokenPipeError) as e:
+            self._mark_dead(f"engine pipe closed: {e}")
+
+    def _read_forever(self) -> None:
+        while True:
+            try:
+                msg: FromEngine = self._from_engine.recv()
+            except (EOFError, OSError):
+                code = self._process.exitcode
+                self._loop.call_soon_threadsafe(
+                    self._mark_dead, f"engine process exited (code {code})"
+                )
+                return
+            self._loop.call_soon_threadsafe(self._dispatch, msg)
+            if isinstance(msg, Fatal):
+                return
+
+    def _dispatch(self, msg: FromEngine) -> None:
+        if isinstance(msg, Outputs):
+            self._stats = msg.stats
+            deltas, to_abort = self._processor.process(msg.outputs)
+            if to_abort:
+                self._send(Abort(to_abort))
+            for rd in deltas:
+                q = self._queues.get(rd.req_id)
+                if q is not None:
+                    q.put_nowait(rd)
+        elif isinstance(msg, RequestFailed):
+            parent = self._processor.parent_of(msg.req_id)
+            if parent is None:
+                return
+            q = self._queues.pop(parent, None)
+            self.abort(parent)
+            if q is not None:
+                q.put_nowait(_Failure(EngineRequestError(msg.message)))
+        elif isinstance(msg, Fatal):
+            self._mark_dead(f"engine failed: {msg.message.strip().splitlines()[-1]}")
+
+    def _mark_dead(self, reason: str) -> None:
+        if self.dead_reason is not None:
+            return
+        self.dead_reason = reason
+        if not self._closing:
+            log.error("engine is dead: %s", reason)
+        for req_id, q in list(self._queues.items()):
+            q.put_nowait(_Failure(EngineDeadError(reason)))
+            self._queues.pop(req_id, None)
+        for ev in self._on_dead:
+            ev.set()
+
+
+def _wait_ready(conn: Connection, process: BaseProcess, timeout_s: float) -> Ready:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if conn.poll(0.5):
+            try:
+                msg = conn.recv()
+            except EOFError:
+                break
+            if isinstance(msg, Ready):
+                return msg
+            if isinstance(msg, Fatal):
+                raise EngineDeadError(f"engine failed to start:\n{msg.message}")
+        elif not process.is_alive():
+            break
+    process.kill()
+    raise EngineDeadError(f"engine failed to start (exit code {process.exitcode})")

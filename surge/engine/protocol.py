@@ -1,0 +1,60 @@
+"""Messages between the API process and the engine-core process (pickled over a pipe)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from surge.engine.outputs import EngineCoreOutput, EngineCoreRequest, EngineStats
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequests:
+    requests: list[EngineCoreRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    req_ids: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Sent once the model is loaded: what the API process needs to validate requests."""
+
+    model_path: str
+    max_model_len: int
+    vocab_size: int
+    dtype: str
+    device: str
+    num_blocks: int
+    block_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outputs:
+    outputs: list[EngineCoreOutput]
+    stats: EngineStats
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """The engine refused a request (e.g. too long); the API process ends it with this error."""
+
+    req_id: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fatal:
+    """The engine loop died; the message says why. The process exits after sending it."""
+
+    message: str
+
+
+ToEngine = AddRequests | Abort | Shutdown
+FromEngine = Ready | Outputs | RequestFailed | Fatal

@@ -1,0 +1,160 @@
+"""Load shedding at the door: refuse work the engine's queue cannot absorb.
+
+The engine reports what is waiting in its queue, but a request the server has accepted and
+not yet handed to the engine (still tokenizing, say) is invisible to it; this controller
+counts those itself so a burst cannot slip past the bound between admit and add_request.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from types import TracebackType
+
+from surge.server.errors import RateLimitError, ServiceUnavailableError
+
+
+class _State(Enum):
+    PENDING = "pending"  # admitted, not yet seen by the engine
+    STARTED = "started"  # in the engine, which counts it (while it waits) itself
+    RELEASED = "released"
+
+
+class Admission:
+    """One admitted request's ticket. `release()` is idempotent, so it is released exactly once
+    however many paths (finally blocks, disconnect callbacks) try; use it as a context manager.
+    """
+
+    def __init__(self, controller: AdmissionController, num_tokens: int) -> None:
+        self._controller = controller
+        self.num_tokens = num_tokens
+        self._state = _State.PENDING
+
+    @property
+    def released(self) -> bool:
+        return self._state is _State.RELEASED
+
+    def mark_started(self) -> None:
+        """Call right after the engine accepted the request (it now shows in its waiting count)."""
+        if self._state is _State.PENDING:
+            self._state = _State.STARTED
+            self._controller._leave_pending(self)
+
+    def release(self) -> None:
+        """Call when the request finished, failed or was aborted."""
+        if self._state is _State.RELEASED:
+            return
+        if self._state is _State.PENDING:
+            self._controller._leave_pending(self)
+        self._state = _State.RELEASED
+        self._controller._on_released()
+
+    def __enter__(self) -> Admission:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+class AdmissionController:
+    """Bounds queued requests (and optionally queued prompt tokens) across engine + server.
+
+    Queue full -> 429 (RateLimitError, the client should back off and retry); draining or not
+    ready -> 503 (ServiceUnavailableError, try another replica or later). Both carry
+    Retry-After = `retry_after_s`.
+    """
+
+    def __init__(
+        self,
+        max_queued_requests: int,
+        max_queued_tokens: int | None = None,
+        *,
+        retry_after_s: float = 1.0,
+        ready: bool = True,
+    ) -> None:
+        if max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be >= 1, got {max_queued_requests}")
+        if max_queued_tokens is not None and max_queued_tokens < 1:
+            raise ValueError(f"max_queued_tokens must be >= 1 or None, got {max_queued_tokens}")
+        self.max_queued_requests = max_queued_requests
+        self.max_queued_tokens = max_queued_tokens
+        self.retry_after_s = retry_after_s
+        self.ready = ready
+        self._draining = False
+        self._pending_requests = 0
+        self._pending_tokens = 0
+        self._in_flight = 0
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def start_draining(self) -> None:
+        """Refuse new requests from now on; admitted ones run to completion."""
+        self._draining = True
+
+    def set_ready(self, ready: bool) -> None:
+        self.ready = ready
+
+    @property
+    def pending_requests(self) -> int:
+        return self._pending_requests
+
+    @property
+    def pending_tokens(self) -> int:
+        return self._pending_tokens
+
+    @property
+    def in_flight(self) -> int:
+        """Admitted and not yet released (pending or in the engine); 0 means drained."""
+        return self._in_flight
+
+    def admit(self, num_tokens: int, num_waiting: int, waiting_tokens: int) -> Admission:
+        """Admit one request of `num_tokens` prompt tokens, or raise 429/503.
+
+        `num_waiting` / `waiting_tokens`: the engine's current queue (not yet running).
+        """
+        if self._draining:
+            raise ServiceUnavailableError(
+                "server is shutting down", retry_after_s=self.retry_after_s, code="draining"
+            )
+        if not self.ready:
+            raise ServiceUnavailableError(
+                "server is not ready", retry_after_s=self.retry_after_s, code="not_ready"
+            )
+        queued = num_waiting + self._pending_requests
+        if queued + 1 > self.max_queued_requests:
+            raise RateLimitError(
+                f"server overloaded: {queued} requests waiting "
+                f"(limit {self.max_queued_requests}); retry later",
+                retry_after_s=self.retry_after_s,
+                code="queue_full",
+            )
+        queued_tokens = waiting_tokens + self._pending_tokens
+        # An empty queue always takes one request, or one larger than the cap would never run.
+        if (
+            self.max_queued_tokens is not None
+            and queued > 0
+            and queued_tokens + num_tokens > self.max_queued_tokens
+        ):
+            raise RateLimitError(
+                f"server overloaded: {queued_tokens} prompt tokens waiting "
+                f"(limit {self.max_queued_tokens}); retry later",
+                retry_after_s=self.retry_after_s,
+                code="queue_full",
+            )
+        self._pending_requests += 1
+        self._pending_tokens += num_tokens
+        self._in_flight += 1
+        return Admission(self, num_tokens)
+
+    def _leave_pending(self, ticket: Admission) -> None:
+        self._pending_requests -= 1
+        self._pending_tokens -= ticket.num_tokens
+
+    def _on_released(self) -> None:
+        self._in_flight -= 1

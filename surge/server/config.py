@@ -1,0 +1,34 @@
+"""ServerConfig: the HTTP side's knobs, built once from the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str = "smollm2-135m"
+    api_keys: frozenset[str] = field(default_factory=frozenset)  # empty: no auth
+    max_queued_requests: int = 1024  # waiting in the engine + accepted not yet seen by it
+    max_queued_tokens: int | None = None  # prompt tokens waiting; None: no token bound
+    requests_per_minute: int | None = None  # per API key (or client) rate limits
+    tokens_per_minute: int | None = None
+    request_timeout_s: float | None = 600.0  # None: no timeout
+    drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
+    max_body_bytes: int = 4 * 1024 * 1024
+    default_max_tokens: int | None = None  # None: up to the context length, as vLLM
+    log_requests: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")

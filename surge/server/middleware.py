@@ -1,0 +1,142 @@
+"""Pure ASGI middlewares (BaseHTTPMiddleware would buffer streams and hide client disconnects).
+
+Both answer in the OpenAI error shape so clients parse every refusal the same way.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from surge.server.errors import (
+    AuthenticationError,
+    PayloadTooLargeError,
+    SurgeHTTPError,
+    error_response,
+)
+
+DEFAULT_EXEMPT_PATHS = frozenset({"/health", "/metrics", "/version"})
+
+
+async def _send_error(exc: SurgeHTTPError, scope: Scope, receive: Receive, send: Send) -> None:
+    await error_response(exc)(scope, receive, send)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value)
+    return None
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BodySizeLimitMiddleware:
+    """413 for request bodies over `max_bytes`: by Content-Length before reading, or by counting
+    streamed chunks (chunked uploads, or a Content-Length that lies)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _error(self) -> PayloadTooLargeError:
+        return PayloadTooLargeError(f"request body is larger than {self.max_bytes} bytes")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > self.max_bytes:
+            await _send_error(self._error(), scope, receive, send)
+            return
+
+        received = 0
+        exceeded = False
+        response_started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, exceeded
+            if exceeded:
+                raise _BodyTooLarge
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    exceeded = True
+                    raise _BodyTooLarge
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal response_started
+            # The app may turn our exception into its own error response (FastAPI answers 400
+            # to a body-read failure); swallow that so the client gets the 413.
+            if exceeded and not response_started:
+                return
+            if message["type"] == "http.response.start":
+                response_started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            # Whatever the app raised after the limit tripped is a consequence of it.
+            if not exceeded or response_started:
+                raise
+        if exceeded and not response_started:
+            await _send_error(self._error(), scope, receive, send)
+
+
+class ApiKeyMiddleware:
+    """401 unless `Authorization: Bearer <key>` names one of `api_keys`; exempt paths
+    (health probes, metrics scrapes) and CORS preflights pass without a key."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_keys: Iterable[str],
+        exempt_paths: Iterable[str] = DEFAULT_EXEMPT_PATHS,
+    ) -> None:
+        keys = [k.encode() for k in api_keys if k]
+        if not keys:
+            raise ValueError("api_keys must contain at least one non-empty key")
+        self.app = app
+        self._keys = keys
+        self.exempt_paths = frozenset(exempt_paths)
+
+    def _authorized(self, header: bytes | None) -> bool:
+        if header is None:
+            return False
+        scheme, _, token = header.strip().partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        token = token.strip()
+        # Compare against every key, without stopping early, so timing reveals nothing.
+        matched = False
+        for key in self._keys:
+            matched |= hmac.compare_digest(token, key)
+        return matched
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] == "OPTIONS"
+            or scope["path"] in self.exempt_paths
+            or self._authorized(_header(scope, b"authorization"))
+        ):
+            await self.app(scope, receive, send)
+            return
+        missing = _header(scope, b"authorization") is None
+        message = (
+            "missing API key: send it as 'Authorization: Bearer <key>'"
+            if missing
+            else "invalid API key"
+        )
+        exc = AuthenticationError(message, headers={"WWW-Authenticate": "Bearer"})
+        await _send_error(exc, scope, receive, send)

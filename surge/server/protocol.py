@@ -1,0 +1,375 @@
+"""OpenAI-compatible request models, as vLLM's server accepts them (responses: protocol_responses).
+
+Requests ignore unknown fields (clients send many we do not use) but reject wrong types:
+the Strict* annotations stop pydantic from coercing "12" to 12 or true to 1. Value ranges are
+checked once, by SamplingParams, in `to_sampling_params`, which maps failures to a 400.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+
+from surge.sampling_params import SamplingParams
+from surge.server.errors import BadRequestError
+
+MAX_N = 16  # choices per prompt; each one is a full sequence in the batch
+Role = Literal["system", "user", "assistant", "tool", "developer"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+def _reworded(message: str) -> Callable[[Any, Any, ValidatorFunctionWrapHandler], Any]:
+    """Wrap validator: a union's per-member errors replaced by one message a human can act on."""
+
+    def validate(cls: Any, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(message) from None
+
+    return validate
+
+
+class StreamOptions(_Model):
+    include_usage: StrictBool = False
+
+
+class TextContentPart(_Model):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(_Model):
+    role: Role
+    content: StrictStr | list[TextContentPart] | None = None
+    name: StrictStr | None = None
+
+    _check_content = field_validator("content", mode="wrap")(
+        _reworded(
+            'content must be a string or a list of {"type": "text", "text": ...} parts '
+            "(only text is supported)"
+        )
+    )
+
+
+def flatten_message_content(
+    content: str | Sequence[TextContentPart | Mapping[str, Any]] | None,
+) -> str:
+    """One string for the chat template; text parts are joined by newlines, as vLLM does."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = [p.text if isinstance(p, TextContentPart) else str(p.get("text", "")) for p in content]
+    return "\n".join(texts)
+
+
+def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as plain dicts with string content, ready for a Jinja chat template."""
+    out: list[dict[str, str]] = []
+    for m in messages:
+        item = {"role": m.role, "content": flatten_message_content(m.content)}
+        if m.name is not None:
+            item["name"] = m.name
+        out.append(item)
+    return out
+
+
+def _non_empty_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
+    if not messages:
+        raise ValueError("messages must contain at least one message")
+    return messages
+
+
+_PARAM_RE = re.compile(r"^([a-z_]+) ")
+
+
+class _SamplingRequest(_Model):
+    """Fields shared by /v1/completions and /v1/chat/completions (OpenAI + vLLM extras)."""
+
+    # Some clients send `"n": null` for "not set"; these fields then take their default.
+    _NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset(
+        {
+            "n", "stream", "echo", "min_tokens", "ignore_eos", "include_stop_str_in_output",
+            "skip_special_tokens", "priority", "add_generation_prompt",
+        }
+    )  # fmt: skip
+
+    model: StrictStr | None = None  # None: the served model
+    n: StrictInt = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    user: StrictStr | None = None
+    echo: StrictBool = False
+    # vLLM extras
+    top_k: StrictInt | None = None
+    min_p: StrictFloat | None = None
+    min_tokens: StrictInt = 0
+    ignore_eos: StrictBool = False
+    repetition_penalty: StrictFloat | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    priority: StrictInt = 0
+    request_id: StrictStr | None = None
+    cache_salt: StrictStr | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in cls._NULL_IS_DEFAULT}
+        return data
+
+    _check_stop = field_validator("stop", mode="wrap")(
+        _reworded("stop must be a string or a list of strings")
+    )
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(
+        cls, value: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream", False):
+            raise ValueError("stream_options is only allowed when stream is true")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (and every other chunk has usage: null)."""
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    def _sampling_params(
+        self, *, max_tokens: int | None, logprobs: int | None, renames: Mapping[str, str]
+    ) -> SamplingParams:
+        if not 1 <= self.n <= MAX_N:
+            raise BadRequestError(f"n must be between 1 and {MAX_N}, got {self.n}", param="n")
+        try:
+            return SamplingParams(
+                n=self.n,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=0 if self.top_k is None else self.top_k,
+                min_p=0.0 if self.min_p is None else self.min_p,
+                seed=self.seed,
+                presence_penalty=self.presence_penalty or 0.0,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=(
+                    1.0 if self.repetition_penalty is None else self.repetition_penalty
+                ),
+                max_tokens=max_tokens,
+                min_tokens=self.min_tokens,
+                stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
+                stop_token_ids=tuple(self.stop_token_ids or ()),
+                ignore_eos=self.ignore_eos,
+                logprobs=logprobs,
+                include_stop_str_in_output=self.include_stop_str_in_output,
+                skip_special_tokens=self.skip_special_tokens,
+            )
+        except ValueError as exc:
+            raise _sampling_error(str(exc), renames) from exc
+
+
+def _sampling_error(message: str, renames: Mapping[str, str]) -> BadRequestError:
+    # SamplingParams messages start with the offending field ("top_p must be in (0, 1]...").
+    match = _PARAM_RE.match(message)
+    if match is None:
+        return BadRequestError(message)
+    field = match.group(1)
+    param = renames.get(field, field)
+    return BadRequestError(param + message[len(field) :], param=param)
+
+
+def _check_token_ids(ids: Sequence[int], what: str) -> None:
+    if any(t < 0 for t in ids):
+        raise ValueError(f"{what} must contain only token ids >= 0")
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = 16  # None: fill the context (default_max_tokens)
+    logprobs: StrictInt | None = None  # OpenAI allows 0..5; we allow up to 20 like vLLM
+
+    @field_validator("prompt", mode="wrap")
+    @classmethod
+    def _check_prompt(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            prompt = handler(value)
+        except ValidationError:
+            raise ValueError(
+                "prompt must be a string, a list of strings, a list of token ids, "
+                "or a list of token-id lists"
+            ) from None
+        if isinstance(prompt, list):
+            if not prompt:
+                raise ValueError("prompt must not be an empty list")
+            for item in prompt:
+                if isinstance(item, list):
+                    if not item:
+                        raise ValueError("prompt must not contain an empty token list")
+                    _check_token_ids(item, "prompt")
+            if isinstance(prompt[0], int):
+                _check_token_ids(prompt, "prompt")
+        return prompt
+
+    def prompt_list(self) -> list[str | list[int]]:
+        """The prompts of the batch: each a text or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p[0], int):
+            return [[t for t in p if isinstance(t, int)]]
+        return [x for x in p if not isinstance(x, int)]
+
+    def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        """Engine settings; raises BadRequestError(param=...) for any out-of-range value."""
+        max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
+        return self._sampling_params(max_tokens=max_tokens, logprobs=self.logprobs, renames={})
+
+
+class ResponseFormat(_Model):
+    type: StrictStr
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage]
+    max_tokens: StrictInt | None = None  # deprecated by OpenAI; max_completion_tokens wins
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: StrictStr | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    add_generation_prompt: StrictBool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    _NULL_IS_DEFAULT: ClassVar[frozenset[str]] = _SamplingRequest._NULL_IS_DEFAULT | {"logprobs"}
+
+    _check_messages = field_validator("messages")(_non_empty_messages)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("logprobs", False):
+            raise ValueError("top_logprobs is only allowed when logprobs is true")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        if value is not None and value.type != "text":
+            raise ValueError(f"response_format type {value.type!r} is not supported; use 'text'")
+        return value
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if value:
+            raise ValueError("tools are not supported by this server")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_forced_tool(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        # "none"/"auto" with no tools is a no-op; anything else demands a tool call we cannot make.
+        if value not in (None, "none", "auto"):
+            raise ValueError("tools are not supported by this server")
+        return value
+
+    def template_messages(self) -> list[dict[str, str]]:
+        return template_messages(self.messages)
+
+    def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
+        """Engine settings; raises BadRequestError(param=...) for any out-of-range value."""
+        renames = {"logprobs": "top_logprobs"}
+        if self.max_completion_tokens is not None:
+            max_tokens: int | None = self.max_completion_tokens
+            renames["max_tokens"] = "max_completion_tokens"
+        elif self.max_tokens is not None:
+            max_tokens = self.max_tokens
+        else:
+            max_tokens = default_max_tokens
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._sampling_params(max_tokens=max_tokens, logprobs=logprobs, renames=renames)
+
+
+def check_context_length(
+    prompt_tokens: int, max_tokens: int | None, max_model_len: int, *, param: str = "messages"
+) -> None:
+    """400 (code context_length_exceeded) when the prompt plus output cannot fit the context."""
+    if prompt_tokens >= max_model_len:
+        raise BadRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt has {prompt_tokens} tokens, leaving no room for output.",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and prompt_tokens + max_tokens > max_model_len:
+        raise BadRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+            f"{max_tokens} in the completion). Please reduce the prompt or max_tokens.",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+
+
+class TokenizeRequest(_Model):
+    """vLLM /tokenize: either `prompt` or `messages` (rendered with the chat template)."""
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: StrictBool = True
+    add_special_tokens: StrictBool | None = None  # None: True for prompt, False for messages
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of prompt or messages is required")
+        if self.messages is not None:
+            _non_empty_messages(self.messages)
+        return self
+
+    def wants_special_tokens(self) -> bool:
+        # A chat template already writes BOS and friends; adding them again would double them.
+        if self.add_special_tokens is not None:
+            return self.add_special_tokens
+        return self.messages is None
+
+
+class DetokenizeRequest(_Model):
+    model: StrictStr | None = None
+    tokens: list[StrictInt]
+
+    @field_validator("tokens")
+    @classmethod
+    def _valid_ids(cls, tokens: list[int]) -> list[int]:
+        _check_token_ids(tokens, "tokens")
+        return tokens
