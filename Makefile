@@ -23,7 +23,7 @@ generate: model
 	$(BIN)/surge generate
 
 serve: model
-	$(BIN)/surge generate
+	$(BIN)/surge serve $(ARGS)
 
 test: model
 	$(BIN)/python -m pytest -q

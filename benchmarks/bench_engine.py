@@ -59,7 +59,11 @@ def run_hf(model: torch.nn.Module, prompts: list[list[int]], pad_id: int) -> flo
     t = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(  # type: ignore[operator]
-            ids, attention_mask=mask, max_new_tokens=OUTPUT_LEN, do_sample=False, pad_token_id=pad_id
+            ids,
+            attention_mask=mask,
+            max_new_tokens=OUTPUT_LEN,
+            do_sample=False,
+            pad_token_id=pad_id,
         )
     dt = time.perf_counter() - t
     assert out.shape[1] == width + OUTPUT_LEN

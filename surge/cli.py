@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 
 from surge.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from surge.server.config import ServerConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -81,6 +82,57 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--served-model-name", default=None, help="defaults to --model")
+    g.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="require this key (repeatable); default from SURGE_API_KEY",
+    )
+    g.add_argument("--max-queued-requests", type=int, default=1024)
+    g.add_argument("--max-queued-tokens", type=int, default=None)
+    g.add_argument("--requests-per-minute", type=int, default=None, help="per API key")
+    g.add_argument("--tokens-per-minute", type=int, default=None, help="per API key")
+    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds; 0 = none")
+    g.add_argument("--drain-timeout", type=float, default=30.0, help="seconds")
+    g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    g.add_argument("--default-max-tokens", type=int, default=None)
+    g.add_argument("--log-requests", action="store_true")
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    keys = args.api_key or (
+        [os.environ["SURGE_API_KEY"]] if os.environ.get("SURGE_API_KEY") else []
+    )
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name or args.model,
+        api_keys=frozenset(keys),
+        max_queued_requests=args.max_queued_requests,
+        max_queued_tokens=args.max_queued_tokens,
+        requests_per_minute=args.requests_per_minute,
+        tokens_per_minute=args.tokens_per_minute,
+        request_timeout_s=args.request_timeout or None,
+        drain_timeout_s=args.drain_timeout,
+        max_body_bytes=args.max_body_bytes,
+        default_max_tokens=args.default_max_tokens,
+        log_requests=args.log_requests,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from surge.server.launch import serve
+
+    return asyncio.run(serve(server_config(args), engine_config(args)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="surge", description="Serve LLMs to many users at once.")
     parser.add_argument("--log-level", default=os.environ.get("SURGE_LOG_LEVEL", "INFO"))
@@ -93,6 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--no-chat", dest="chat", action="store_false", help="raw prompts")
     gen.set_defaults(func=cmd_generate)
+
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_engine_args(srv)
+    add_server_args(srv)
+    srv.set_defaults(func=cmd_serve)
 
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -34,7 +34,7 @@ class Admission:
         return self._state is _State.RELEASED
 
     def mark_started(self) -> None:
-        """Call right after the engine accepted the request (it now shows in its waiting count)."""
+        """Call when the request starts generating: it no longer counts as queued."""
         if self._state is _State.PENDING:
             self._state = _State.STARTED
             self._controller._leave_pending(self)

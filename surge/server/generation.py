@@ -38,6 +38,7 @@ class RequestTiming:
         new_tokens = sum(len(d.token_ids) for d in rd.deltas)
         if new_tokens == 0:
             return
+        self.num_cached_tokens = max(self.num_cached_tokens, rd.num_cached_tokens)
         if self.first_token_s is None:
             self.first_token_s = now_s
             self.queue_s = rd.queue_time_s

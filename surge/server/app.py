@@ -1,0 +1,24 @@
+"""build_app(state) -> FastAPI: routes, OpenAI-shaped errors, body limit and API-key middleware."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from surge.server.errors import install_error_handlers
+from surge.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from surge.server.routes import chat, completions, misc
+from surge.server.state import ServerState
+
+
+def build_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="Surge", version=misc.VERSION, docs_url=None, redoc_url=None)
+    app.state.surge = state
+    install_error_handlers(app)
+    app.include_router(completions.router)
+    app.include_router(chat.router)
+    app.include_router(misc.router)
+    # The last added is outermost: the size check runs inside the key check.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.config.max_body_bytes)
+    if state.config.api_keys:
+        app.add_middleware(ApiKeyMiddleware, api_keys=set(state.config.api_keys))
+    return app

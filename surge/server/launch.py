@@ -1,0 +1,105 @@
+"""Run the server: start the engine process, serve HTTP, drain on SIGTERM, die with the engine.
+
+SIGTERM / Ctrl-C: stop admitting (503), let in-flight requests finish within the drain timeout,
+then exit 0. A second signal exits at once. If the engine process dies, in-flight requests get an
+error, /health turns 503 and the server exits 1 so that a supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import FrameType
+
+import uvicorn
+
+from surge.engine.client import AsyncEngineClient
+from surge.engine.config import EngineConfig
+from surge.models.resolve import resolve_model
+from surge.models.weights import open_model
+from surge.observability.metrics import ServerMetrics
+from surge.observability.resources import ResourceMonitor
+from surge.server.app import build_app
+from surge.server.config import ServerConfig
+from surge.server.state import ServerState
+
+log = logging.getLogger(__name__)
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, except that the first exit signal starts a drain instead of stopping at once."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.surge_state = state
+        self.drain_requested = asyncio.Event()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_requested.is_set():
+            super().handle_exit(sig, frame)  # second signal: uvicorn's own (force) exit
+            self.force_exit = True
+            return
+        self.drain_requested.set()
+
+
+async def _drain_on_signal(server: _DrainingServer, state: ServerState) -> None:
+    await server.drain_requested.wait()
+    state.admission.start_draining()
+    timeout = state.config.drain_timeout_s
+    log.info("draining: %d requests in flight, up to %.0fs", state.admission.in_flight, timeout)
+    deadline = time.monotonic() + timeout
+    while state.admission.in_flight > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if state.admission.in_flight:
+        log.warning("drain timeout: %d requests still in flight", state.admission.in_flight)
+    server.should_exit = True
+
+
+async def _exit_on_engine_death(server: _DrainingServer, state: ServerState) -> None:
+    await state.client.wait_dead().wait()
+    log.error("engine died (%s): exiting", state.client.dead_reason)
+    state.metrics.set_health(False)
+    state.admission.set_ready(False)
+    await asyncio.sleep(0.5)  # let in-flight responses carry their errors out
+    server.should_exit = True
+
+
+async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int:
+    """Run until drained or the engine dies; returns the process exit code."""
+    path = resolve_model(engine_config.model.model)
+    tokenizer = open_model(path).tokenizer
+    client = await AsyncEngineClient.start(engine_config, tokenizer)
+    log.info(
+        "engine ready (pid %s): %s, %s on %s, context %d",
+        client.pid, path.name, client.info.dtype, client.info.device, client.max_model_len,
+    )  # fmt: skip
+    metrics = ServerMetrics(server_config.served_model_name, max_model_len=client.max_model_len)
+    ResourceMonitor().register(metrics.registry)
+    metrics.set_health(True)
+    state = ServerState.create(server_config, client, metrics)
+    app = build_app(state)
+    uv_config = uvicorn.Config(
+        app,
+        host=server_config.host,
+        port=server_config.port,
+        log_level="warning",
+        access_log=server_config.log_requests,
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=30,
+    )
+    server = _DrainingServer(uv_config, state)
+    tasks = [
+        asyncio.create_task(_drain_on_signal(server, state)),
+        asyncio.create_task(_exit_on_engine_death(server, state)),
+    ]
+    log.info("serving %s on http://%s:%d", server_config.served_model_name,
+             server_config.host, server_config.port)  # fmt: skip
+    try:
+        await server.serve()
+    finally:
+        for t in tasks:
+            t.cancel()
+        engine_dead = client.dead_reason is not None
+        await client.shutdown()
+    return 1 if engine_dead else 0

@@ -1,0 +1,112 @@
+"""POST /v1/completions: text or token prompts (one or many), stream or not."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from surge.engine.output_processor import SequenceDelta
+from surge.server.errors import BadRequestError
+from surge.server.protocol import CompletionRequest, check_context_length
+from surge.server.protocol_responses import (
+    CompletionChoice,
+    CompletionResponse,
+    CompletionStreamResponse,
+    UsageInfo,
+    new_completion_id,
+)
+from surge.server.routes.logprobs import completion_logprobs
+from surge.server.serving import Job, run_to_completion, start_job, stream_response
+from surge.server.state import get_state
+
+router = APIRouter()
+
+
+@router.post("/v1/completions", response_model=None)
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    state = get_state(request)
+    state.check_model(body.model)
+    tok = state.tokenizer
+    prompts: list[list[int]] = []
+    for p in body.prompt_list():
+        ids = tok.encode(p) if isinstance(p, str) else list(p)
+        if not ids:
+            raise BadRequestError("prompt must not be empty", param="prompt")
+        if any(t >= state.client.info.vocab_size for t in ids):
+            raise BadRequestError("prompt token id out of the vocabulary", param="prompt")
+        check_context_length(len(ids), body.max_tokens, state.max_model_len, param="prompt")
+        prompts.append(ids)
+    room = state.max_model_len - max(len(p) for p in prompts)
+    default = room if state.config.default_max_tokens is None else state.config.default_max_tokens
+    params = body.to_sampling_params(default_max_tokens=min(default, room))
+    job = start_job(
+        state, request, prompts, params, request_id=body.request_id, user=body.user,
+        priority=body.priority, cache_salt=body.cache_salt,
+    )  # fmt: skip
+    model = body.model or state.config.served_model_name
+    echo = [tok.decode(p) if body.echo else "" for p in prompts]
+    if body.stream:
+        return _stream(job, body, model, echo)
+    if not await run_to_completion(job, request):
+        return Response(status_code=499)
+    choices = []
+    for i, c in enumerate(job.choices):
+        prefix = echo[i // params.n]
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs = completion_logprobs(tok, c.logprobs, len(prefix))
+        choices.append(CompletionChoice(index=i, text=prefix + c.text, logprobs=logprobs,
+                                        finish_reason=c.finish_reason))  # fmt: skip
+    resp = CompletionResponse(
+        model=model,
+        choices=choices,
+        usage=_usage(job),
+    )
+    return JSONResponse(resp.model_dump(mode="json"))
+
+
+def _usage(job: Job) -> UsageInfo:
+    return UsageInfo.of(
+        job.num_prompt_tokens, job.num_completion_tokens, job.timing.num_cached_tokens
+    )
+
+
+def _stream(job: Job, body: CompletionRequest, model: str, echo: list[str]) -> Response:
+    cid = new_completion_id()
+    include_usage = body.include_usage
+    tok = job.state.tokenizer
+    n = job.params.n
+    want_logprobs = job.params.logprobs is not None
+
+    def chunk(choices: list[CompletionChoice]) -> str:
+        return CompletionStreamResponse(id=cid, model=model, choices=choices).to_sse(
+            include_usage=include_usage
+        )
+
+    first = []
+    if any(echo):
+        first = [
+            chunk([CompletionChoice(index=i, text=echo[i // n]) for i in range(len(job.choices))])
+        ]
+
+    def render(deltas: list[tuple[int, SequenceDelta]]) -> list[str]:
+        choices = []
+        for i, d in deltas:
+            logprobs = None
+            if want_logprobs and d.logprobs is not None:
+                triples = [
+                    (t, lp.logprob, lp.top) for t, lp in zip(d.token_ids, d.logprobs, strict=True)
+                ]
+                logprobs = completion_logprobs(tok, triples)
+            if d.text or d.finish_reason or logprobs is not None:
+                choices.append(CompletionChoice(index=i, text=d.text, logprobs=logprobs,
+                                                finish_reason=d.finish_reason))  # fmt: skip
+        return [chunk(choices)] if choices else []
+
+    def last() -> list[str]:
+        if not include_usage:
+            return []
+        final = CompletionStreamResponse(id=cid, model=model, choices=[], usage=_usage(job))
+        return [final.to_sse(include_usage=True)]
+
+    return stream_response(job, render, first, last)

@@ -1,0 +1,83 @@
+"""Models, health, metrics, version, and vLLM's /tokenize and /detokenize."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from surge.server.errors import BadRequestError
+from surge.server.protocol import DetokenizeRequest, TokenizeRequest
+from surge.server.protocol_responses import (
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
+)
+from surge.server.state import get_state
+
+router = APIRouter()
+
+VERSION = "0.1.0"
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    state = get_state(request)
+    card = ModelCard(id=state.config.served_model_name, max_model_len=state.max_model_len)
+    return JSONResponse(ModelList(data=[card]).model_dump(mode="json"))
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 when the engine is alive and the server admits work; 503 otherwise."""
+    state = get_state(request)
+    if not state.client.healthy:
+        reason = state.client.dead_reason or "engine process is not running"
+        return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+    if state.admission.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = get_state(request)
+    state.metrics.set_health(state.client.healthy)
+    state.metrics.update_engine(state.client.stats())
+    body, content_type = state.metrics.render()
+    return Response(content=body, media_type=content_type)
+
+
+@router.get("/version")
+async def version() -> JSONResponse:
+    return JSONResponse({"version": VERSION})
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+    state = get_state(request)
+    state.check_model(body.model)
+    tok = state.tokenizer
+    if body.messages is not None:
+        from surge.server.protocol import template_messages
+
+        text = tok.apply_chat_template(
+            template_messages(body.messages),
+            add_generation_prompt=body.add_generation_prompt,
+            **(body.chat_template_kwargs or {}),
+        )
+    else:
+        text = body.prompt or ""
+    ids = tok.encode(text, add_special_tokens=body.wants_special_tokens())
+    resp = TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids)
+    return JSONResponse(resp.model_dump(mode="json"))
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
+    state = get_state(request)
+    state.check_model(body.model)
+    if any(t >= state.client.info.vocab_size for t in body.tokens):
+        raise BadRequestError("token id out of the vocabulary", param="tokens")
+    text = state.tokenizer.decode(body.tokens, skip_special_tokens=False)
+    return JSONResponse(DetokenizeResponse(prompt=text).model_dump(mode="json"))

@@ -1,0 +1,247 @@
+"""The request flow shared by completions and chat: admit, run, then answer as JSON or as SSE.
+
+Timeouts abort the engine request and answer 504 (or end the stream with an error event). A
+client that disconnects aborts its request at once, streaming or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from starlette.responses import StreamingResponse
+
+from surge.engine.client import EngineDeadError, EngineRequestError, RequestAbortedError
+from surge.engine.output_processor import SequenceDelta
+from surge.sampling_params import SamplingParams
+from surge.server.admission import Admission
+from surge.server.errors import (
+    BadRequestError,
+    RequestTimeoutError,
+    ServiceUnavailableError,
+    SurgeHTTPError,
+    error_body,
+)
+from surge.server.generation import Event, RequestTiming, choice_index, generate_merged
+from surge.server.protocol_responses import SSE_DONE
+from surge.server.state import ServerState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Choice:
+    """Everything one choice produced, accumulated over the stream."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[tuple[int, float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class Job:
+    """One admitted API request on its way through the engine."""
+
+    state: ServerState
+    req_id: str
+    prompts: list[list[int]]
+    params: SamplingParams
+    ticket: Admission
+    key: str
+    timing: RequestTiming
+    tenant: str = ""
+    priority: int = 0
+    cache_salt: str | None = None
+    choices: list[Choice] = field(default_factory=list)
+    finish_reason: str = "abort"
+
+    def events(self) -> AsyncIterator[Event]:
+        return generate_merged(
+            self.state.client, self.req_id, self.prompts, self.params, self.timing,
+            priority=self.priority, tenant=self.tenant, cache_salt=self.cache_salt,
+        )  # fmt: skip
+
+    def apply(self, ev: Event) -> list[tuple[int, SequenceDelta]]:
+        """Fold one event into the choices; return (choice index, delta) pairs."""
+        if not self.ticket.released:
+            self.ticket.mark_started()  # generating: no longer counts against the queue bound
+        out = []
+        for d in ev.delta.deltas:
+            i = choice_index(ev.prompt_index, d, self.params.n)
+            c = self.choices[i]
+            c.text += d.text
+            c.token_ids.extend(d.token_ids)
+            if d.logprobs is not None:
+                c.logprobs.extend(
+                    (t, lp.logprob, lp.top) for t, lp in zip(d.token_ids, d.logprobs, strict=True)
+                )
+            if d.finish_reason is not None:
+                c.finish_reason = d.finish_reason
+            out.append((i, d))
+        return out
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.choices)
+
+    def finish(self) -> None:
+        """Release the admission slot, refund unused rate-limit tokens, record metrics."""
+        if self.ticket.released:
+            return
+        self.ticket.release()
+        st = self.state
+        now = time.monotonic()
+        reserve = (self.params.max_tokens or 0) * len(self.choices)
+        st.limiter.refund(self.key, max(0, reserve - self.num_completion_tokens), now)
+        reasons = [c.finish_reason for c in self.choices if c.finish_reason]
+        if reasons and all(r != "abort" for r in reasons):
+            self.finish_reason = "length" if "length" in reasons else "stop"
+        t = self.timing
+        st.metrics.observe_request(
+            finish_reason=self.finish_reason,
+            ttft_s=None if t.first_token_s is None else t.first_token_s - t.arrival_s,
+            e2e_s=now - t.arrival_s,
+            queue_s=t.queue_s,
+            itl_s=t.itl_s,
+            num_prompt_tokens=self.num_prompt_tokens,
+            num_generation_tokens=self.num_completion_tokens,
+            max_tokens=self.params.max_tokens,
+            n=self.params.n,
+            tenant=self.tenant,
+            priority=self.priority,
+        )
+
+
+def start_job(
+    state: ServerState,
+    request: Request,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    *,
+    request_id: str | None,
+    user: str | None,
+    priority: int,
+    cache_salt: str | None,
+) -> Job:
+    """Admit (or raise 429/503) and describe the job; nothing runs until it is consumed."""
+    from surge.server.state import client_key
+
+    if state.client.dead_reason is not None:
+        raise ServiceUnavailableError("engine is not running", retry_after_s=5, code="engine_dead")
+    key = client_key(request)
+    reserve = (params.max_tokens or 0) * params.n * len(prompts)
+    ticket = state.admit(key, sum(len(p) for p in prompts), reserve)
+    rid = request_id or uuid.uuid4().hex
+    job = Job(
+        state=state,
+        req_id=f"{rid}-{uuid.uuid4().hex[:8]}",  # unique even if a client reuses its id
+        prompts=prompts,
+        params=params,
+        ticket=ticket,
+        key=key,
+        timing=RequestTiming(arrival_s=time.monotonic()),
+        tenant=user or "",
+        priority=priority,
+        cache_salt=cache_salt,
+        choices=[Choice() for _ in range(len(prompts) * params.n)],
+    )
+    return job
+
+
+def _map_engine_error(exc: BaseException) -> SurgeHTTPError:
+    if isinstance(exc, SurgeHTTPError):
+        return exc
+    if isinstance(exc, EngineRequestError):
+        return BadRequestError(str(exc))
+    if isinstance(exc, EngineDeadError):
+        return ServiceUnavailableError(f"engine failed: {exc}", retry_after_s=5, code="engine_dead")
+    if isinstance(exc, (TimeoutError, RequestAbortedError)):
+        return RequestTimeoutError("request timed out and was aborted", code="timeout")
+    return ServiceUnavailableError(f"request failed: {exc}", retry_after_s=1)
+
+
+async def run_to_completion(job: Job, request: Request) -> bool:
+    """Consume the whole job (non-streaming). False if the client went away first."""
+
+    async def consume() -> None:
+        events = job.events()
+        try:
+            async with asyncio.timeout(job.state.config.request_timeout_s):
+                async for ev in events:
+                    job.apply(ev)
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+    task = asyncio.create_task(consume())
+    watcher = asyncio.create_task(_wait_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()  # the client is gone: abort in the engine
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            job.state.metrics.observe_abort("client_disconnect")
+            return False
+        exc = task.exception()
+        if exc is not None:
+            if isinstance(exc, TimeoutError):
+                job.state.metrics.observe_abort("timeout")
+            raise _map_engine_error(exc)
+        return True
+    finally:
+        watcher.cancel()
+        job.finish()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def stream_response(
+    job: Job,
+    render: Callable[[list[tuple[int, SequenceDelta]]], list[str]],
+    first: list[str],
+    last: Callable[[], list[str]],
+) -> StreamingResponse:
+    """SSE: `first` chunks, then `render(deltas)` per event, then `last()`, then [DONE]."""
+
+    async def body() -> AsyncIterator[str]:
+        events = job.events()
+        try:
+            for chunk in first:
+                yield chunk
+            async with asyncio.timeout(job.state.config.request_timeout_s):
+                async for ev in events:
+                    for chunk in render(job.apply(ev)):
+                        yield chunk
+            for chunk in last():
+                yield chunk
+        except asyncio.CancelledError:
+            job.state.metrics.observe_abort("client_disconnect")
+            raise
+        except Exception as e:  # headers are sent: report in-band, then end the stream
+            if isinstance(e, TimeoutError):
+                job.state.metrics.observe_abort("timeout")
+            err = _map_engine_error(e)
+            yield f"data: {json.dumps(error_body(err))}\n\n"
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+            job.finish()
+        yield SSE_DONE
+
+    return StreamingResponse(body(), media_type="text/event-stream")

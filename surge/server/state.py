@@ -1,0 +1,89 @@
+"""What every route needs, held once per app: the engine client, limits, metrics."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from surge.engine.client import AsyncEngineClient
+from surge.models.tokenizer import Tokenizer
+from surge.observability.metrics import ServerMetrics
+from surge.server.admission import Admission, AdmissionController
+from surge.server.config import ServerConfig
+from surge.server.errors import NotFoundError, RateLimitError
+from surge.server.rate_limit import RateLimiter
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    client: AsyncEngineClient
+    metrics: ServerMetrics
+    admission: AdmissionController
+    limiter: RateLimiter
+    started_s: float
+
+    @classmethod
+    def create(
+        cls, config: ServerConfig, client: AsyncEngineClient, metrics: ServerMetrics
+    ) -> ServerState:
+        return cls(
+            config=config,
+            client=client,
+            metrics=metrics,
+            admission=AdmissionController(config.max_queued_requests, config.max_queued_tokens),
+            limiter=RateLimiter(config.requests_per_minute, config.tokens_per_minute),
+            started_s=time.monotonic(),
+        )
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.client.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.client.max_model_len
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in (self.config.served_model_name, self.model_path):
+            raise NotFoundError.model_not_found(name)
+
+    @property
+    def model_path(self) -> str:
+        return self.client.info.model_path
+
+    def admit(self, key: str, num_prompt_tokens: int, reserve_tokens: int) -> Admission:
+        """Rate limits per key, then the shared queue bound; raises 429/503 with Retry-After."""
+        try:
+            wait = self.limiter.check(key, num_prompt_tokens + reserve_tokens, time.monotonic())
+            if wait > 0:
+                raise RateLimitError(
+                    f"rate limit exceeded for this API key; retry in {wait:.1f}s",
+                    retry_after_s=wait,
+                    code="rate_limit_exceeded",
+                )
+            # The server's own count of admitted requests without a first token is exact and
+            # current; the engine's waiting gauge lags by a step and is a subset of it.
+            return self.admission.admit(num_prompt_tokens, 0, 0)
+        except RateLimitError as e:
+            self.metrics.observe_rejection(str(e.code or "rate_limit"))
+            raise
+        except Exception as e:
+            self.metrics.observe_rejection(str(getattr(e, "code", None) or "unavailable"))
+            raise
+
+
+def get_state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.surge
+    return state
+
+
+def client_key(request: Request) -> str:
+    """Rate-limit key: the API key when one is sent, else the client address."""
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return "key:" + auth[7:].strip()
+    host = request.client.host if request.client else "unknown"
+    return "ip:" + host
