@@ -11,7 +11,7 @@ import logging
 import multiprocessing as mp
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -145,6 +145,7 @@ class AsyncEngineClient:
         tenant: str = "",
         cache_salt: str | None = None,
         arrival_s: float | None = None,
+        on_queued: Callable[[float], None] | None = None,
     ) -> AsyncGenerator[RequestDelta, None]:
         """Stream a request's deltas until it finishes. Closing the iterator aborts it."""
         if self.dead_reason is not None:
@@ -163,6 +164,8 @@ class AsyncEngineClient:
         finished = False
         try:
             self._send(AddRequests(creqs))
+            if on_queued is not None:
+                on_queued(time.monotonic())
             while True:
                 item = await queue.get()
                 if isinstance(item, _Failure):

@@ -60,7 +60,7 @@ class EngineCore:
         )
         kv_caches = allocate_kv_cache(spec, self.plan, dtype, device)
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
-        sampler = Sampler(self.eos_token_ids)
+        sampler = Sampler(self.eos_token_ids, seed=config.model.seed)
         self.runner = ModelRunner(
             self.model, kv_caches, sampler, device, cache.block_size, config.model.use_kernels
         )

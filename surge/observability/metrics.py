@@ -17,6 +17,22 @@ from prometheus_client import (
 from surge.engine.outputs import EngineStats
 
 # Bucket edges copied from vLLM so quantiles compare across the two servers.
+OVERHEAD_BUCKETS: tuple[float, ...] = (
+    0.0002,
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.004,
+    0.005,
+    0.0075,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.5,
+    1.0,
+)
 TTFT_BUCKETS: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
@@ -177,6 +193,14 @@ class ServerMetrics:
             registry=reg,
         )
 
+        self.overhead = Histogram(
+            "surge:request_overhead_seconds",
+            "Server time from HTTP arrival to the request queued in the engine.",
+            ["model_name"],
+            buckets=OVERHEAD_BUCKETS,
+            registry=reg,
+        )
+
         # Per tenant; the label set is capped so a flood of tenant ids cannot grow memory.
         self.tenant_generation_tokens = Counter(
             "surge:tenant_generation_tokens",
@@ -279,6 +303,9 @@ class ServerMetrics:
 
     def observe_rejection(self, reason: str) -> None:
         self.rejections.labels(self.model_name, reason).inc()
+
+    def observe_overhead(self, seconds: float) -> None:
+        self.overhead.labels(self.model_name).observe(max(0.0, seconds))
 
     def observe_abort(self, reason: str) -> None:
         self.aborts.labels(self.model_name, reason).inc()

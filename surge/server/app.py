@@ -5,7 +5,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from surge.server.errors import install_error_handlers
-from surge.server.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from surge.server.middleware import (
+    ApiKeyMiddleware,
+    ArrivalTimeMiddleware,
+    BodySizeLimitMiddleware,
+)
 from surge.server.routes import chat, completions, misc
 from surge.server.state import ServerState
 
@@ -21,4 +25,5 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.config.max_body_bytes)
     if state.config.api_keys:
         app.add_middleware(ApiKeyMiddleware, api_keys=set(state.config.api_keys))
+    app.add_middleware(ArrivalTimeMiddleware)  # outermost: stamps the arrival time first
     return app

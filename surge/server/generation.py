@@ -30,9 +30,14 @@ class RequestTiming:
     last_token_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     queue_s: float = 0.0
+    queued_s: float | None = None  # when the engine request was sent
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+
+    def on_queued(self, now_s: float) -> None:
+        if self.queued_s is None:
+            self.queued_s = now_s
 
     def on_delta(self, rd: RequestDelta, now_s: float) -> None:
         new_tokens = sum(len(d.token_ids) for d in rd.deltas)
@@ -63,7 +68,7 @@ async def generate_merged(
     if len(prompts) == 1:
         gen = client.generate(
             req_id, prompts[0], params, priority=priority, tenant=tenant,
-            cache_salt=cache_salt, arrival_s=timing.arrival_s,
+            cache_salt=cache_salt, arrival_s=timing.arrival_s, on_queued=timing.on_queued,
         )  # fmt: skip
         try:
             async for rd in gen:
@@ -79,7 +84,7 @@ async def generate_merged(
         try:
             async for rd in client.generate(
                 f"{req_id}-{i}", prompt, params, priority=priority, tenant=tenant,
-                cache_salt=cache_salt, arrival_s=timing.arrival_s,
+                cache_salt=cache_salt, arrival_s=timing.arrival_s, on_queued=timing.on_queued,
             ):  # fmt: skip
                 await queue.put(Event(i, rd))
             await queue.put(None)

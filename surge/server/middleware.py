@@ -5,6 +5,8 @@ Both answer in the OpenAI error shape so clients parse every refusal the same wa
 
 from __future__ import annotations
 
+import time
+
 import hmac
 from collections.abc import Iterable
 
@@ -140,3 +142,16 @@ class ApiKeyMiddleware:
         )
         exc = AuthenticationError(message, headers={"WWW-Authenticate": "Bearer"})
         await _send_error(exc, scope, receive, send)
+
+
+class ArrivalTimeMiddleware:
+    """Stamps `scope["state"]["arrival_s"]` (time.monotonic) before the body is even read, so
+    the server's own overhead (parse, validate, tokenize, admit) can be measured."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope.setdefault("state", {})["arrival_s"] = time.monotonic()
+        await self.app(scope, receive, send)

@@ -109,6 +109,8 @@ class Job:
         if reasons and all(r != "abort" for r in reasons):
             self.finish_reason = "length" if "length" in reasons else "stop"
         t = self.timing
+        if t.queued_s is not None:
+            st.metrics.observe_overhead(t.queued_s - t.arrival_s)
         st.metrics.observe_request(
             finish_reason=self.finish_reason,
             ttft_s=None if t.first_token_s is None else t.first_token_s - t.arrival_s,
@@ -151,7 +153,7 @@ def start_job(
         params=params,
         ticket=ticket,
         key=key,
-        timing=RequestTiming(arrival_s=time.monotonic()),
+        timing=RequestTiming(arrival_s=getattr(request.state, "arrival_s", time.monotonic())),
         tenant=user or "",
         priority=priority,
         cache_salt=cache_salt,

@@ -61,31 +61,59 @@ def prompts(smollm2_gguf_path: Path) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def hf_model(smollm2_gguf_path: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+    """transformers reads the GGUF itself; its weights then go into a plain fp32 model, since
+    transformers keeps GGUF weights packed and dequantizes them at every matmul (slow)."""
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
+    packed = AutoModelForCausalLM.from_pretrained(
         smollm2_gguf_path.parent, gguf_file=smollm2_gguf_path.name, dtype=torch.float32
     )
+    model = LlamaForCausalLM(packed.config)
+    model.load_state_dict(packed.state_dict(), strict=False)
+    model.tie_weights()
     model.generation_config.eos_token_id = None  # full length, like ignore_eos
     return model.eval()
 
 
-@pytest.fixture(scope="module")
-def hf_greedy(hf_model: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]:
-    out = []
-    for p in prompts:
-        ids = torch.tensor([p])
-        with torch.no_grad():
-            gen = hf_model.generate(  # type: ignore[operator]
-                ids, max_new_tokens=MAX_TOKENS, do_sample=False, attention_mask=torch.ones_like(ids)
-            )
-        out.append(gen[0, len(p) :].tolist())
-    return out
+def hf_generate(hf_model: torch.nn.Module, prompt: list[int]) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        gen = hf_model.generate(  # type: ignore[operator]
+            ids, max_new_tokens=MAX_TOKENS, do_sample=False, attention_mask=torch.ones_like(ids)
+        )
+    return list(gen[0, len(prompt) :].tolist())
 
 
 @pytest.fixture(scope="module")
 def llm(smollm2_gguf_path: Path) -> LLM:
     return LLM(str(smollm2_gguf_path), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(hf_model: torch.nn.Module, prompts: list[list[int]], llm: LLM) -> list[list[int]]:
+    """HF's greedy continuation of every prompt, found by teacher forcing: one HF forward over
+    prompt + a candidate continuation. Where HF's argmax at every position equals the candidate,
+    HF's greedy decoding produces exactly that sequence (by induction over positions); anywhere
+    else, HF's own generate() gives the reference. 64 generate() calls per prompt set cost ~2 min
+    on 2 cores; this costs seconds and checks every position."""
+    candidates = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]  # type: ignore[arg-type]
+    out = []
+    for p, c in zip(prompts, candidates, strict=True):
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([p + c])).logits[0]  # type: ignore[operator]
+        if logits[len(p) - 1 : len(p) - 1 + len(c)].argmax(-1).tolist() == c:
+            out.append(c)
+        else:
+            out.append(hf_generate(hf_model, p))
+    return out
+
+
+def test_hf_generate_agrees_with_teacher_forcing(
+    hf_model: torch.nn.Module, prompts: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    """generate() itself on a few prompts (short, long, chat) gives the same reference."""
+    for i in (0, 11, 17):
+        assert hf_generate(hf_model, prompts[i]) == hf_greedy[i]
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)

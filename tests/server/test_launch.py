@@ -16,6 +16,13 @@ from tests.server.conftest import ServerProcess
 
 def test_sigterm_drains_in_flight_then_exits_zero(tiny_model_dir: Path) -> None:
     server = ServerProcess(tiny_model_dir, "--drain-timeout", "60")
+    try:
+        _drain_and_check(server)
+    finally:
+        server.stop()
+
+
+def _drain_and_check(server: ServerProcess) -> None:
     engine = psutil.Process(server.engine_pid())
     result: dict[str, object] = {}
 
@@ -47,6 +54,13 @@ def test_sigterm_drains_in_flight_then_exits_zero(tiny_model_dir: Path) -> None:
 
 def test_engine_crash_fails_requests_and_exits_nonzero(tiny_model_dir: Path) -> None:
     server = ServerProcess(tiny_model_dir)
+    try:
+        _crash_and_check(server)
+    finally:
+        server.stop()
+
+
+def _crash_and_check(server: ServerProcess) -> None:
     result: dict[str, object] = {}
 
     def long_request() -> None:
@@ -64,4 +78,3 @@ def test_engine_crash_fails_requests_and_exits_nonzero(tiny_model_dir: Path) -> 
     assert result["status"] == 503
     assert "engine" in result["body"]["error"]["message"]  # type: ignore[index]
     assert server.proc.wait(30) != 0
-    server.stop()
