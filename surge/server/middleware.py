@@ -5,9 +5,8 @@ Both answer in the OpenAI error shape so clients parse every refusal the same wa
 
 from __future__ import annotations
 
-import time
-
 import hmac
+import time
 from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
 import psutil
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
