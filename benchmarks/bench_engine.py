@@ -70,6 +70,22 @@ def run_hf(model: torch.nn.Module, prompts: list[list[int]], pad_id: int) -> flo
     return dt
 
 
+def load_hf_plain(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """HF at its strongest: transformers reads the GGUF, then its (dequantized) weights go into a
+    plain model in `dtype`. Loaded straight from GGUF, transformers keeps the weights packed and
+    dequantizes them in float32 at every matmul, which is several times slower."""
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    packed = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
+    model = LlamaForCausalLM(packed.config)
+    model.load_state_dict(packed.state_dict(), strict=False)
+    model.tie_weights()
+    model.generation_config.eos_token_id = None
+    return model.to(dtype).eval()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,16,64,256")
@@ -91,11 +107,7 @@ def main() -> None:
 
     hf = None
     if not args.no_hf:
-        from transformers import AutoModelForCausalLM
-
-        hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
-        hf.generation_config.eos_token_id = None
-        hf.eval()
+        hf = load_hf_plain(path, dtype)
 
     rows = []
     header = f"{'n':>5} {'surge tok/s':>12} {'MFU':>6} {'hf tok/s':>10} {'ratio':>6}"

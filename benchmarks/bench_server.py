@@ -16,11 +16,13 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
 
 import httpx
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from surge import LLM, SamplingParams
@@ -88,22 +90,12 @@ def histogram_quantile(url: str, name: str, q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--requests-per-client", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating offline/HTTP runs")
     ap.add_argument("--dtype", default="bfloat16")
     args = ap.parse_args()
     path = resolve_model("smollm2-135m")
     n = args.clients * args.requests_per_client
-
-    # Offline: the same requests, all submitted at once, in this process.
-    llm = LLM(str(path), dtype=args.dtype)
-    texts = prompts(llm, n)
-    params = SamplingParams(temperature=0.0, max_tokens=OUTPUT_LEN, ignore_eos=True)
-    llm.generate(texts[:2], SamplingParams(max_tokens=2), use_tqdm=False)
-    t = time.perf_counter()
-    llm.generate(texts[: args.clients], params, use_tqdm=False)
-    offline = args.clients * OUTPUT_LEN / (time.perf_counter() - t)
-    del llm
-
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
@@ -112,6 +104,10 @@ def main() -> None:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
+        llm = LLM(str(path), dtype=args.dtype)
+        texts = prompts(llm, n)
+        params = SamplingParams(temperature=0.0, max_tokens=OUTPUT_LEN, ignore_eos=True)
+        llm.generate(texts[:2], SamplingParams(max_tokens=2), use_tqdm=False)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             try:
@@ -119,8 +115,14 @@ def main() -> None:
                     break
             except httpx.HTTPError:
                 time.sleep(0.5)
+        api = psutil.Process(server.pid)
+        engine = next(c for c in api.children() if "spawn_main" in " ".join(c.cmdline()))
 
-        async def run() -> tuple[int, float, list[float]]:
+        def cpu(p: psutil.Process) -> float:
+            t = p.cpu_times()
+            return t.user + t.system
+
+        async def http_run() -> tuple[int, float, list[float]]:
             ttfts: list[float] = []
             limits = httpx.Limits(max_connections=args.clients + 8)
             async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
@@ -135,22 +137,43 @@ def main() -> None:
                 )
                 return sum(counts), time.perf_counter() - t0, ttfts
 
-        tokens, dt, ttfts = asyncio.run(run())
-        http_tok_s = tokens / dt
+        # Alternate offline and HTTP runs: this machine's speed drifts by 10-20% over minutes.
+        offline_rates, http_rates, all_ttfts = [], [], []
+        used = [0.0, 0.0]
+        http_time = 0.0
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            llm.generate(texts, params, use_tqdm=False)
+            offline_rates.append(n * OUTPUT_LEN / (time.perf_counter() - t))
+            before = [cpu(api), cpu(engine)]
+            tokens, dt, ttfts = asyncio.run(http_run())
+            used = [u + cpu(p) - b for u, p, b in zip(used, (api, engine), before, strict=True)]
+            http_time += dt
+            http_rates.append(tokens / dt)
+            all_ttfts += ttfts
+        offline = statistics.median(offline_rates)
+        http_tok_s = statistics.median(http_rates)
         p50 = histogram_quantile(url, "surge:request_overhead_seconds", 0.5)
         p99 = histogram_quantile(url, "surge:request_overhead_seconds", 0.99)
-        ttfts.sort()
-        print(f"clients={args.clients} requests={n} dtype={args.dtype} cpus={os.cpu_count()}")
-        print(f"offline engine  : {offline:8.1f} output tok/s ({args.clients} at once)")
-        print(f"HTTP streaming  : {http_tok_s:8.1f} output tok/s ({tokens} tokens in {dt:.1f}s)")
+        all_ttfts.sort()
+        print(f"clients={args.clients} requests={n} rounds={args.rounds} dtype={args.dtype}")
+        print(f"offline engine  : {offline:8.1f} output tok/s (median; runs {_fmt(offline_rates)})")
+        print(f"HTTP streaming  : {http_tok_s:8.1f} output tok/s (median; runs {_fmt(http_rates)})")
         print(f"ratio           : {http_tok_s / offline:8.2f}")
         print(f"server overhead : p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms (arrival->queued)")
         print(
-            f"client TTFT     : p50 {ttfts[len(ttfts) // 2]:.3f}s p99 {ttfts[int(len(ttfts) * 0.99)]:.3f}s"
+            f"cores busy      : api {used[0] / http_time:.2f}, engine {used[1] / http_time:.2f}"
+            f" (of {os.cpu_count()})"
         )
+        p50_ttft, p99_ttft = all_ttfts[len(all_ttfts) // 2], all_ttfts[int(len(all_ttfts) * 0.99)]
+        print(f"client TTFT     : p50 {p50_ttft:.3f}s p99 {p99_ttft:.3f}s")
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
+
+
+def _fmt(values: list[float]) -> str:
+    return ", ".join(f"{v:.0f}" for v in values)
 
 
 if __name__ == "__main__":
