@@ -1,0 +1,88 @@
+"""Where one engine step's time goes: scheduler, input prep, model (matmuls, attention, other ops),
+sampler, update. Decode steps of N requests with ~100-token prompts, SmolLM2, bf16.
+
+    python benchmarks/profile_step.py [--requests 64] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from surge import LLM, SamplingParams
+from surge.engine.outputs import EngineCoreRequest
+
+MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+    llm = LLM("smollm2-135m", dtype=args.dtype)
+    eng = llm.engine
+    text = "Large language models are served to many users at once by batching requests. " * 8
+    params = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
+    for i in range(args.requests):
+        ids = llm.tokenizer.encode(f"{i}: {text}")[:100]
+        eng.add_request(EngineCoreRequest(str(i), ids, params))
+    while eng.scheduler.waiting or any(
+        r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.running
+    ):
+        eng.step()  # finish every prefill: what follows are pure decode steps
+    for _ in range(3):
+        eng.step()
+
+    phases: dict[str, float] = defaultdict(float)
+    ops: dict[str, float] = defaultdict(float)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            batch = eng.scheduler.schedule(time.monotonic())
+            t1 = time.perf_counter()
+            with torch.inference_mode():
+                ids, pos, attn, sample_reqs = eng.runner.prepare(batch)
+                t2 = time.perf_counter()
+                logits = eng.model(ids, pos, attn)
+                t3 = time.perf_counter()
+                rows = [r.sampling for r in sample_reqs if r.sampling is not None]
+                out = eng.runner.sampler(logits, rows)
+            t4 = time.perf_counter()
+            from surge.engine.batch import SampledToken, SampledTokens
+
+            sampled = SampledTokens(
+                {r.req_id: SampledToken(t, None, None) for r, t in zip(sample_reqs, out.token_ids)}
+            )
+            eng.scheduler.update(batch, sampled)
+            t5 = time.perf_counter()
+            for name, dt in (("schedule", t1 - t0), ("prepare", t2 - t1), ("model", t3 - t2),
+                             ("sampler", t4 - t3), ("update", t5 - t4)):  # fmt: skip
+                phases[name] += dt
+    for evt in prof.key_averages():
+        if evt.key in MATMUL_OPS:
+            ops["matmul"] += evt.self_cpu_time_total
+        elif evt.key.startswith("aten::"):
+            ops["other torch ops"] += evt.self_cpu_time_total
+    steps = args.steps
+    total = sum(phases.values())
+    print(f"{args.requests} requests decoding, {args.dtype}: {total / steps * 1e3:.1f} ms/step")
+    for name, dt in phases.items():
+        print(f"  {name:10s} {dt / steps * 1e3:7.2f} ms  {dt / total:6.1%}")
+    model_ms = phases["model"] / steps * 1e3
+    matmul_ms = ops["matmul"] / steps / 1e3
+    other_ms = ops["other torch ops"] / steps / 1e3
+    print("  inside the model (profiler self time, includes the sampler's ops):")
+    print(f"    matmuls          {matmul_ms:7.2f} ms")
+    print(f"    other torch ops  {other_ms:7.2f} ms")
+    rest = model_ms - matmul_ms - other_ms + phases["sampler"] / steps * 1e3
+    print(f"    attention kernel + Python, by difference: {max(rest, 0):7.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
