@@ -14,6 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from surge import LLM, SamplingParams
+from surge.engine.batch import SampledToken, SampledTokens
 from surge.engine.outputs import EngineCoreRequest
 
 MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"}
@@ -54,11 +55,8 @@ def main() -> None:
                 rows = [r.sampling for r in sample_reqs if r.sampling is not None]
                 out = eng.runner.sampler(logits, rows)
             t4 = time.perf_counter()
-            from surge.engine.batch import SampledToken, SampledTokens
-
-            sampled = SampledTokens(
-                {r.req_id: SampledToken(t, None, None) for r, t in zip(sample_reqs, out.token_ids)}
-            )
+            pairs = zip(sample_reqs, out.token_ids, strict=True)
+            sampled = SampledTokens({r.req_id: SampledToken(t, None, None) for r, t in pairs})
             eng.scheduler.update(batch, sampled)
             t5 = time.perf_counter()
             for name, dt in (("schedule", t1 - t0), ("prepare", t2 - t1), ("model", t3 - t2),
