@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,16,64,256")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-kernels", action="store_true", help="torch-ops attention only")
     ap.add_argument("--out", default="results/bench_engine.json")
     args = ap.parse_args()
     torch.set_num_threads(torch.get_num_threads())
@@ -100,7 +101,7 @@ def main() -> None:
     peak = matmul_peak(torch.bfloat16)
     print(f"bf16 matmul peak (2048^3): {peak / 1e9:.0f} GFLOP/s; threads {torch.get_num_threads()}")
     path = resolve_model("smollm2-135m")
-    llm = LLM(str(path), dtype=args.dtype, max_num_seqs=max(sizes))
+    llm = LLM(str(path), dtype=args.dtype, max_num_seqs=max(sizes), use_kernels=not args.no_kernels)
     num_params = sum(p.numel() for p in llm.engine.model.parameters())
     flops_per_token = 2 * num_params
     llm.generate(make_prompts(llm, 2), SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
