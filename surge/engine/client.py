@@ -12,7 +12,7 @@ import multiprocessing as mp
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
@@ -72,6 +72,7 @@ class AsyncEngineClient:
         self._processor = OutputProcessor(tokenizer)
         self._queues: dict[str, asyncio.Queue[RequestDelta | _Failure]] = {}
         self._stats = EngineStats(num_blocks=info.num_blocks, block_size=info.block_size)
+        self._iteration_tokens: list[int] = []
         self._send_lock = threading.Lock()
         self._loop = asyncio.get_running_loop()
         self.dead_reason: str | None = None
@@ -129,7 +130,14 @@ class AsyncEngineClient:
 
     # ---- requests --------------------------------------------------------------------------
     def stats(self) -> EngineStats:
+        """The latest engine snapshot (gauges and cumulative counters)."""
         return self._stats
+
+    def take_stats(self) -> EngineStats:
+        """The latest snapshot, with the tokens of every step since the previous call (for the
+        iteration-tokens histogram: each engine message carries only its own step's)."""
+        steps, self._iteration_tokens = self._iteration_tokens, []
+        return replace(self._stats, iteration_tokens=steps)
 
     @property
     def num_in_flight(self) -> int:
@@ -214,6 +222,8 @@ class AsyncEngineClient:
     def _dispatch(self, msg: FromEngine) -> None:
         if isinstance(msg, Outputs):
             self._stats = msg.stats
+            if len(self._iteration_tokens) < 100_000:  # bounded if nobody scrapes
+                self._iteration_tokens.extend(msg.stats.iteration_tokens)
             deltas, to_abort = self._processor.process(msg.outputs)
             if to_abort:
                 self._send(Abort(to_abort))

@@ -146,3 +146,4 @@ def test_metrics_use_vllm_names(tiny_server: ServerProcess, client: openai.OpenA
     assert tiny_server.metric("vllm:num_requests_running") == 0
     assert tiny_server.metric("vllm:kv_cache_usage_perc") == 0.0
     assert tiny_server.metric("vllm:engine_healthy") == 1.0
+    assert tiny_server.metric("vllm:iteration_tokens_total_count") > 1  # every step, not the last

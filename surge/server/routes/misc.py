@@ -43,7 +43,7 @@ async def health(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state = get_state(request)
     state.metrics.set_health(state.client.healthy)
-    state.metrics.update_engine(state.client.stats())
+    state.metrics.update_engine(state.client.take_stats())
     body, content_type = state.metrics.render()
     return Response(content=body, media_type=content_type)
 
