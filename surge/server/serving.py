@@ -30,7 +30,7 @@ from surge.server.errors import (
     error_body,
 )
 from surge.server.generation import Event, RequestTiming, choice_index, generate_merged
-from surge.server.protocol_responses import SSE_DONE
+from surge.server.protocol_responses import SSE_DONE, UsageInfo
 from surge.server.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,11 @@ class Job:
                 c.finish_reason = d.finish_reason
             out.append((i, d))
         return out
+
+    def usage(self) -> UsageInfo:
+        return UsageInfo.of(
+            self.num_prompt_tokens, self.num_completion_tokens, self.timing.num_cached_tokens
+        )
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -160,6 +165,12 @@ def start_job(
         choices=[Choice() for _ in range(len(prompts) * params.n)],
     )
     return job
+
+
+def delta_triples(d: SequenceDelta) -> list[tuple[int, float, tuple[tuple[int, float], ...]]]:
+    """(token, logprob, top alternatives) for each token of a delta that carries logprobs."""
+    assert d.logprobs is not None
+    return [(t, lp.logprob, lp.top) for t, lp in zip(d.token_ids, d.logprobs, strict=True)]
 
 
 def _map_engine_error(exc: BaseException) -> SurgeHTTPError:

@@ -15,11 +15,16 @@ from surge.server.protocol_responses import (
     ChatCompletionStreamResponse,
     ChatResponseMessage,
     DeltaMessage,
-    UsageInfo,
     new_chat_completion_id,
 )
 from surge.server.routes.logprobs import chat_logprobs
-from surge.server.serving import Job, run_to_completion, start_job, stream_response
+from surge.server.serving import (
+    Job,
+    delta_triples,
+    run_to_completion,
+    start_job,
+    stream_response,
+)
 from surge.server.state import ServerState, get_state
 
 router = APIRouter()
@@ -72,14 +77,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                 finish_reason=c.finish_reason,
             )
         )
-    resp = ChatCompletionResponse(model=model, choices=choices, usage=_usage(job))
+    resp = ChatCompletionResponse(model=model, choices=choices, usage=job.usage())
     return JSONResponse(resp.model_dump(mode="json"))
-
-
-def _usage(job: Job) -> UsageInfo:
-    return UsageInfo.of(
-        job.num_prompt_tokens, job.num_completion_tokens, job.timing.num_cached_tokens
-    )
 
 
 def _stream(job: Job, body: ChatCompletionRequest, model: str) -> Response:
@@ -109,9 +108,7 @@ def _stream(job: Job, body: ChatCompletionRequest, model: str) -> Response:
         for i, d in deltas:
             logprobs = None
             if want_logprobs and d.logprobs is not None:
-                triples = [
-                    (t, lp.logprob, lp.top) for t, lp in zip(d.token_ids, d.logprobs, strict=True)
-                ]
+                triples = delta_triples(d)
                 logprobs = chat_logprobs(tok, triples)
             if d.text or logprobs is not None:
                 delta = DeltaMessage(content=d.text)
@@ -127,7 +124,7 @@ def _stream(job: Job, body: ChatCompletionRequest, model: str) -> Response:
     def last() -> list[str]:
         if not include_usage:
             return []
-        final = ChatCompletionStreamResponse(id=cid, model=model, choices=[], usage=_usage(job))
+        final = ChatCompletionStreamResponse(id=cid, model=model, choices=[], usage=job.usage())
         return [final.to_sse(include_usage=True)]
 
     return stream_response(job, render, first, last)

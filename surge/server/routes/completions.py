@@ -12,11 +12,16 @@ from surge.server.protocol_responses import (
     CompletionChoice,
     CompletionResponse,
     CompletionStreamResponse,
-    UsageInfo,
     new_completion_id,
 )
 from surge.server.routes.logprobs import completion_logprobs
-from surge.server.serving import Job, run_to_completion, start_job, stream_response
+from surge.server.serving import (
+    Job,
+    delta_triples,
+    run_to_completion,
+    start_job,
+    stream_response,
+)
 from surge.server.state import get_state
 
 router = APIRouter()
@@ -60,15 +65,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     resp = CompletionResponse(
         model=model,
         choices=choices,
-        usage=_usage(job),
+        usage=job.usage(),
     )
     return JSONResponse(resp.model_dump(mode="json"))
-
-
-def _usage(job: Job) -> UsageInfo:
-    return UsageInfo.of(
-        job.num_prompt_tokens, job.num_completion_tokens, job.timing.num_cached_tokens
-    )
 
 
 def _stream(job: Job, body: CompletionRequest, model: str, echo: list[str]) -> Response:
@@ -94,9 +93,7 @@ def _stream(job: Job, body: CompletionRequest, model: str, echo: list[str]) -> R
         for i, d in deltas:
             logprobs = None
             if want_logprobs and d.logprobs is not None:
-                triples = [
-                    (t, lp.logprob, lp.top) for t, lp in zip(d.token_ids, d.logprobs, strict=True)
-                ]
+                triples = delta_triples(d)
                 logprobs = completion_logprobs(tok, triples)
             if d.text or d.finish_reason or logprobs is not None:
                 choices.append(CompletionChoice(index=i, text=d.text, logprobs=logprobs,
@@ -106,7 +103,7 @@ def _stream(job: Job, body: CompletionRequest, model: str, echo: list[str]) -> R
     def last() -> list[str]:
         if not include_usage:
             return []
-        final = CompletionStreamResponse(id=cid, model=model, choices=[], usage=_usage(job))
+        final = CompletionStreamResponse(id=cid, model=model, choices=[], usage=job.usage())
         return [final.to_sse(include_usage=True)]
 
     return stream_response(job, render, first, last)
