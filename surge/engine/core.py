@@ -151,7 +151,6 @@ class EngineCore:
 
     def stats(self) -> EngineStats:
         sched = self.scheduler
-        waiting_tokens = sum(r.num_tokens for r in sched.waiting)
         iteration_tokens, self._iteration_tokens = self._iteration_tokens, []
         return EngineStats(
             num_running=sched.num_running,
@@ -165,6 +164,5 @@ class EngineCore:
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
             num_steps=self._num_steps,
-            waiting_tokens=waiting_tokens,
             iteration_tokens=iteration_tokens,
         )

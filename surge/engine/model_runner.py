@@ -100,10 +100,13 @@ class ModelRunner:
             ]
             decode_tables = torch.tensor(tables, dtype=torch.long, device=dev)
             seq_lens = torch.tensor([r.start_pos + 1 for r in decodes], device=dev)
-            span = torch.arange(max_blocks * bs, device=dev)
-            past_end = span.unsqueeze(0) >= seq_lens.unsqueeze(1)  # [D, L]
-            decode_bias = torch.zeros(past_end.shape, device=dev).masked_fill_(past_end, -torch.inf)
-            decode_bias = decode_bias.unsqueeze(1)  # [D, 1, L]
+            if self.decode_op is None:  # the compiled kernel reads seq_lens instead
+                span = torch.arange(max_blocks * bs, device=dev)
+                past_end = span.unsqueeze(0) >= seq_lens.unsqueeze(1)  # [D, L]
+                decode_bias = torch.zeros(past_end.shape, device=dev)
+                decode_bias = decode_bias.masked_fill_(past_end, -torch.inf).unsqueeze(1)
+            else:
+                decode_bias = torch.zeros((0, 1, 0), device=dev)
         else:
             decode_tables = torch.zeros((0, 1), dtype=torch.long, device=dev)
             seq_lens = torch.zeros(0, dtype=torch.long, device=dev)

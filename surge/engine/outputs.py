@@ -50,5 +50,4 @@ class EngineStats:
     prompt_tokens: int = 0  # counters since start
     generation_tokens: int = 0
     num_steps: int = 0
-    waiting_tokens: int = 0  # prompt tokens of the waiting requests (admission's token bound)
     iteration_tokens: list[int] = field(default_factory=list)  # tokens per step since last stats

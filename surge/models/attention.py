@@ -35,7 +35,8 @@ class AttnMetadata:
     num_decodes: int  # the first num_decodes tokens are decodes, one per request
     decode_block_tables: Tensor  # [num_decodes, max_blocks] long, padded with block 0
     decode_seq_lens: Tensor  # [num_decodes] long: tokens in cache incl. this step's token
-    decode_bias: Tensor  # [num_decodes, 1, max_blocks * block_size] float: 0 attend, -inf not
+    # [num_decodes, 1, max_blocks * block_size] float: 0 attend, -inf not (torch-ops path only)
+    decode_bias: Tensor
     prefills: tuple[PrefillChunk, ...]
     logits_indices: Tensor  # [num_sampled] long: rows of the hidden states that need logits
     kv_caches: Sequence[tuple[Tensor, Tensor]]  # per layer (k, v)

@@ -113,10 +113,11 @@ class AdmissionController:
         """Admitted and not yet released (pending or in the engine); 0 means drained."""
         return self._in_flight
 
-    def admit(self, num_tokens: int, num_waiting: int, waiting_tokens: int) -> Admission:
+    def admit(self, num_tokens: int, num_waiting: int = 0, waiting_tokens: int = 0) -> Admission:
         """Admit one request of `num_tokens` prompt tokens, or raise 429/503.
 
-        `num_waiting` / `waiting_tokens`: the engine's current queue (not yet running).
+        `num_waiting` / `waiting_tokens`: a queue outside this controller's own count (the
+        server passes none: its count of admitted requests without a first token is exact).
         """
         if self._draining:
             raise ServiceUnavailableError(

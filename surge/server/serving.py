@@ -80,9 +80,7 @@ class Job:
             c.text += d.text
             c.token_ids.extend(d.token_ids)
             if d.logprobs is not None:
-                c.logprobs.extend(
-                    (t, lp.logprob, lp.top) for t, lp in zip(d.token_ids, d.logprobs, strict=True)
-                )
+                c.logprobs.extend(delta_triples(d))
             if d.finish_reason is not None:
                 c.finish_reason = d.finish_reason
             out.append((i, d))

@@ -12,7 +12,7 @@ from surge.models.tokenizer import Tokenizer
 from surge.observability.metrics import ServerMetrics
 from surge.server.admission import Admission, AdmissionController
 from surge.server.config import ServerConfig
-from surge.server.errors import NotFoundError, RateLimitError
+from surge.server.errors import NotFoundError, RateLimitError, SurgeHTTPError
 from surge.server.rate_limit import RateLimiter
 
 
@@ -66,12 +66,9 @@ class ServerState:
                 )
             # The server's own count of admitted requests without a first token is exact and
             # current; the engine's waiting gauge lags by a step and is a subset of it.
-            return self.admission.admit(num_prompt_tokens, 0, 0)
-        except RateLimitError as e:
-            self.metrics.observe_rejection(str(e.code or "rate_limit"))
-            raise
-        except Exception as e:
-            self.metrics.observe_rejection(str(getattr(e, "code", None) or "unavailable"))
+            return self.admission.admit(num_prompt_tokens)
+        except SurgeHTTPError as e:
+            self.metrics.observe_rejection(str(e.code or e.type))
             raise
 
 
