@@ -1,86 +1,13 @@
-"""Real `surge serve` processes on 127.0.0.1, started by the tests and stopped by their PID."""
+"""The shared tiny-model server for the server tests."""
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class ServerProcess:
-    def __init__(self, model: Path | str, *args: str, startup_timeout_s: float = 180.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"surge-test-{self.port}.log"
-        self._log = self.log_path.open("wb")
-        cmd = [
-            sys.executable, "-m", "surge.cli", "serve", "--model", str(model),
-            "--port", str(self.port), "--served-model-name", "test-model",
-            "--kv-cache-memory-gib", "0.25", *args,
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        self._wait_ready(startup_timeout_s)
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"server not ready in {timeout_s}s:\n{self.log()}")
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def engine_pid(self) -> int:
-        import psutil
-
-        # The engine is the spawned child (not multiprocessing's resource tracker).
-        children = psutil.Process(self.proc.pid).children()
-        return next(c.pid for c in children if "spawn_main" in " ".join(c.cmdline()))
-
-    def metric(self, name: str) -> float:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(self.url + "/metrics", timeout=5).text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name:
-                    return float(sample.value)
-        raise KeyError(name)
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
-        return self.proc.returncode
+from tests.servers import ServerProcess
 
 
 @pytest.fixture(scope="session")

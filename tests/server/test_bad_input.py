@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import ServerProcess
+from tests.servers import ServerProcess
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"

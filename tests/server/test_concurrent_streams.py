@@ -11,7 +11,7 @@ import pytest
 
 from surge.engine.llm import LLM
 from surge.sampling_params import SamplingParams
-from tests.server.conftest import ServerProcess
+from tests.servers import ServerProcess
 
 pytestmark = pytest.mark.slow
 

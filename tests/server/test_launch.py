@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.server.conftest import ServerProcess
+from tests.servers import ServerProcess
 
 
 def test_sigterm_drains_in_flight_then_exits_zero(tiny_model_dir: Path) -> None:

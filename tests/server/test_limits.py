@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import ServerProcess
+from tests.servers import ServerProcess
 
 LONG = {"prompt": "Tell me a story.", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
 

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import ServerProcess
+from tests.servers import ServerProcess
 
 
 @pytest.fixture(scope="module")
