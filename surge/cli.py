@@ -133,10 +133,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return asyncio.run(serve(server_config(args), engine_config(args)))
 
 
+# Subcommands with their own parsers and packages: `surge bench ...`, `surge gateway ...`.
+def _delegated(argv: Sequence[str]) -> int | None:
+    if argv and argv[0] == "bench":
+        from surge.bench.cli import main as bench_main
+
+        return bench_main(list(argv[1:]))
+    if argv and argv[0] == "gateway":
+        from surge.gateway.cli import main as gateway_main
+
+        return gateway_main(list(argv[1:]))
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    delegated = _delegated(argv)
+    if delegated is not None:
+        return delegated
     parser = argparse.ArgumentParser(prog="surge", description="Serve LLMs to many users at once.")
     parser.add_argument("--log-level", default=os.environ.get("SURGE_LOG_LEVEL", "INFO"))
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("bench", help="load generator for any OpenAI-compatible server (surge bench -h)")
+    sub.add_parser("gateway", help="one address for many servers (surge gateway -h)")
 
     gen = sub.add_parser("generate", help="offline generation demo on the default model")
     add_engine_args(gen)

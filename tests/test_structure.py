@@ -12,7 +12,16 @@ MAX_LINES = 500
 FORBIDDEN = {
     "surge.models": ("surge.engine", "surge.server", "surge.observability"),
     "surge.engine": ("surge.server",),
-    "surge.observability": ("surge.server",),
+    "surge.observability": ("surge.server", "surge.gateway", "surge.bench"),
+    # The gateway talks to servers over HTTP only; the bench is a client of any OpenAI server.
+    "surge.gateway": ("surge.models", "surge.engine", "surge.server", "surge.bench"),
+    "surge.bench": (
+        "surge.models",
+        "surge.engine",
+        "surge.server",
+        "surge.gateway",
+        "surge.observability",
+    ),
 }
 
 
