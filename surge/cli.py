@@ -9,7 +9,13 @@ import sys
 import time
 from collections.abc import Sequence
 
-from surge.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from surge.engine.config import (
+    SCHEDULING_POLICIES,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
 from surge.server.config import ServerConfig
 
 
@@ -25,11 +31,47 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--max-num-seqs", type=int, default=256)
     g.add_argument("--max-num-batched-tokens", type=int, default=512)
-    g.add_argument("--scheduling-policy", default="fcfs")
+    g.add_argument(
+        "--scheduling-policy",
+        default="fcfs",
+        choices=SCHEDULING_POLICIES,
+        help="fcfs; priority (lower value sooner, with aging); fair (per-tenant token share, "
+        "VTC); priority-fair (priority bands, fair share within a band)",
+    )
+    g.add_argument(
+        "--priority-aging-s",
+        type=float,
+        default=5.0,
+        help="seconds of waiting worth one priority level (0: no aging; low priority may starve)",
+    )
+    g.add_argument(
+        "--preemption-threshold",
+        type=int,
+        default=1,
+        help="a waiting request may preempt running work this many priority levels less urgent "
+        "when the batch is full (0: never)",
+    )
+    g.add_argument(
+        "--tenant-weight",
+        action="append",
+        default=[],
+        metavar="TENANT=WEIGHT",
+        help="fair-share weight of a tenant (repeatable; others weigh 1)",
+    )
     g.add_argument("--seed", type=int, default=0)
     g.add_argument(
         "--no-kernels", action="store_true", help="torch ops only (no compiled CPU attention)"
     )
+
+
+def parse_tenant_weight(text: str) -> tuple[str, float]:
+    tenant, sep, weight = text.rpartition("=")
+    try:
+        if not sep or not tenant:
+            raise ValueError
+        return tenant, float(weight)
+    except ValueError:
+        raise SystemExit(f"--tenant-weight expects TENANT=WEIGHT, got {text!r}") from None
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -52,6 +94,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             policy=args.scheduling_policy,
+            priority_aging_s=args.priority_aging_s or None,
+            preemption_threshold=args.preemption_threshold or None,
+            tenant_weights=tuple(parse_tenant_weight(w) for w in args.tenant_weight),
         ),
     )
 

@@ -37,11 +37,24 @@ class CacheConfig:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority", "fair", "priority-fair")
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_num_seqs: int = 256  # cap on running requests
     max_num_batched_tokens: int = 512  # token budget of one step (prefill chunks + decodes)
-    policy: str = "fcfs"
+    policy: str = "fcfs"  # one of SCHEDULING_POLICIES (engine/policies.py explains each)
+    # priority: waiting this long is worth one priority level (None: no aging, lows may starve).
+    priority_aging_s: float | None = 5.0
+    # priority: a waiting request may preempt running work this many levels less urgent when the
+    # batch is full (None: never; SGLang's --priority-scheduling-preemption-threshold).
+    preemption_threshold: int | None = 1
+    # fair: token service is weighted per tenant; a tenant's share is its weight over the sum.
+    tenant_weights: tuple[tuple[str, float], ...] = ()
+    default_tenant_weight: float = 1.0
+    prompt_token_cost: float = 1.0  # VTC's w_p, w_q: a decoded token costs more than a prompt one
+    output_token_cost: float = 2.0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -50,6 +63,23 @@ class SchedulerConfig:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
             )
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.policy!r}"
+            )
+        if self.priority_aging_s is not None and self.priority_aging_s <= 0:
+            raise ValueError(f"priority_aging_s must be > 0 or None, got {self.priority_aging_s}")
+        if self.preemption_threshold is not None and self.preemption_threshold < 1:
+            raise ValueError(
+                f"preemption_threshold must be >= 1 or None, got {self.preemption_threshold}"
+            )
+        for tenant, weight in self.tenant_weights:
+            if not weight > 0:
+                raise ValueError(f"tenant_weights: weight of {tenant!r} must be > 0, got {weight}")
+        if not self.default_tenant_weight > 0:
+            raise ValueError(f"default_tenant_weight must be > 0, got {self.default_tenant_weight}")
+        if self.prompt_token_cost < 0 or self.output_token_cost < 0:
+            raise ValueError("prompt_token_cost and output_token_cost must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

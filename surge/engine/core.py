@@ -68,7 +68,7 @@ class EngineCore:
             self.plan.num_blocks, cache.block_size, cache.enable_prefix_caching
         )
         self.scheduler = Scheduler(
-            config.scheduler, self.blocks, make_policy(config.scheduler.policy)
+            config.scheduler, self.blocks, make_policy(config.scheduler)
         )
         self._rng = random.Random(config.model.seed)
         self._prompt_tokens = 0

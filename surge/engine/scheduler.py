@@ -4,6 +4,8 @@ Each step: running requests first (decodes and unfinished prefill chunks, in pol
 waiting requests join while budget, sequence slots and KV blocks last. When blocks run out, the
 running request the policy ranks last is preempted by recompute: its blocks are freed and it goes
 back to waiting with all its tokens (prompt + output so far), to be prefilled again later.
+Before that, if the request the policy would admit next cannot fit (no sequence slot or blocks),
+the policy may let it displace the running request it ranks last (priority preemption).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from surge.engine.policies import Policy
 from surge.engine.request import FinishReason, Request, RequestStatus, TokenLogprob
 from surge.engine.sampler import SamplingRow
 
+MAX_TRACKED_TENANTS = 1000
+OTHER_TENANT = "other"
+
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, policy: Policy) -> None:
@@ -27,6 +32,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.tenant_tokens: dict[str, int] = {}  # scheduled tokens per tenant, since start
         self._seq = itertools.count()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -36,6 +42,7 @@ class Scheduler:
         req.seq_no = next(self._seq)
         self.requests[req.req_id] = req
         self.waiting.append(req)
+        self.policy.on_add(req)
 
     def finish(self, req_id: str, reason: FinishReason) -> Request | None:
         """End a request wherever it is (abort, stop) and free its blocks. Unknown id: None."""
@@ -49,6 +56,7 @@ class Scheduler:
         self.blocks.free(req_id)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+        self.policy.on_finish(req)
         return req
 
     def has_work(self) -> bool:
@@ -58,9 +66,10 @@ class Scheduler:
     def schedule(self, now_s: float) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         key = self.policy.key
-        self.running.sort(key=lambda r: key(r, now_s))
         scheduled: list[tuple[Request, int]] = []
-        preempted: list[str] = []
+        preempted = self._make_room(now_s, budget)
+        self.running.sort(key=lambda r: key(r, now_s))
+        num_made_room = len(preempted)
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -79,11 +88,13 @@ class Scheduler:
                 continue
             break  # req itself was preempted: everything after it is gone too
 
-        if not preempted:
+        # After preempting for blocks, admitting new work in the same step would only thrash.
+        if len(preempted) == num_made_room:
             budget = self._admit(now_s, budget, scheduled)
 
         for req, num_new in scheduled:
             self.policy.on_scheduled(req, num_new)
+            self._count_tokens(req.tenant, num_new)
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now_s
         out = tuple(self._describe(req, n) for req, n in scheduled)
@@ -123,6 +134,37 @@ class Scheduler:
             done = set(map(id, admitted))
             self.waiting = [r for r in self.waiting if id(r) not in done]
         return budget
+
+    def _make_room(self, now_s: float, budget: int) -> list[str]:
+        """Preempt running work ranked below the next waiting request when that one cannot fit."""
+        if not self.waiting or not self.running:
+            return []
+        key = self.policy.key
+        newcomer = min(self.waiting, key=lambda r: key(r, now_s))
+        preempted: list[str] = []
+        while self.running:
+            victim = max(self.running, key=lambda r: key(r, now_s))
+            if not self.policy.should_preempt(newcomer, victim, now_s):
+                break
+            if self._fits(newcomer, budget):
+                break
+            self._preempt(victim)
+            preempted.append(victim.req_id)
+        return preempted
+
+    def _fits(self, req: Request, budget: int) -> bool:
+        if len(self.running) >= self.config.max_num_seqs:
+            return False
+        cached = self.blocks.lookup_prefix(req.all_token_ids, req.block_hashes)
+        num_tokens = min(req.num_tokens, cached + budget)
+        # Conservative: a cached block may sit in the free queue, so count it as needed too.
+        return -(-num_tokens // self.blocks.block_size) <= self.blocks.num_free_blocks
+
+    def _count_tokens(self, tenant: str, num_tokens: int) -> None:
+        # Bounded: past the cap, new tenants share one entry (as the metrics' label cap does).
+        if tenant not in self.tenant_tokens and len(self.tenant_tokens) >= MAX_TRACKED_TENANTS:
+            tenant = OTHER_TENANT
+        self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0) + num_tokens
 
     def _waits_for_sibling(self, req: Request) -> bool:
         sibling = self.requests.get(req.share_prompt_with or "")
