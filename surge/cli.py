@@ -140,6 +140,16 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--max-queued-requests", type=int, default=1024)
     g.add_argument("--max-queued-tokens", type=int, default=None)
+    g.add_argument(
+        "--max-queued-requests-per-tenant",
+        type=int,
+        default=None,
+        help="queued requests one tenant may hold (default: only the shared bound)",
+    )
+    g.add_argument("--tenant-header", default="x-surge-tenant", help="header naming the tenant")
+    g.add_argument(
+        "--priority-header", default="x-surge-priority", help="header giving the priority"
+    )
     g.add_argument("--requests-per-minute", type=int, default=None, help="per API key")
     g.add_argument("--tokens-per-minute", type=int, default=None, help="per API key")
     g.add_argument("--request-timeout", type=float, default=600.0, help="seconds; 0 = none")
@@ -160,6 +170,9 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         api_keys=frozenset(keys),
         max_queued_requests=args.max_queued_requests,
         max_queued_tokens=args.max_queued_tokens,
+        max_queued_requests_per_tenant=args.max_queued_requests_per_tenant,
+        tenant_header=args.tenant_header.lower(),
+        priority_header=args.priority_header.lower(),
         requests_per_minute=args.requests_per_minute,
         tokens_per_minute=args.tokens_per_minute,
         request_timeout_s=args.request_timeout or None,

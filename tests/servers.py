@@ -59,15 +59,16 @@ class ServerProcess:
         children = psutil.Process(self.proc.pid).children()
         return next(c.pid for c in children if "spawn_main" in " ".join(c.cmdline()))
 
-    def metric(self, name: str) -> float:
+    def metric(self, name: str, **labels: str) -> float:
+        """The first sample of `name` whose labels include `labels`."""
         from prometheus_client.parser import text_string_to_metric_families
 
         text = httpx.get(self.url + "/metrics", timeout=5).text
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == name:
+                if sample.name == name and labels.items() <= sample.labels.items():
                     return float(sample.value)
-        raise KeyError(name)
+        raise KeyError(f"{name} {labels}")
 
     def stop(self, timeout_s: float = 30.0) -> int:
         if self.proc.poll() is None:

@@ -67,9 +67,7 @@ class EngineCore:
         self.blocks = BlockManager(
             self.plan.num_blocks, cache.block_size, cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(
-            config.scheduler, self.blocks, make_policy(config.scheduler)
-        )
+        self.scheduler = Scheduler(config.scheduler, self.blocks, make_policy(config.scheduler))
         self._rng = random.Random(config.model.seed)
         self._prompt_tokens = 0
         self._generation_tokens = 0
@@ -165,4 +163,5 @@ class EngineCore:
             generation_tokens=self._generation_tokens,
             num_steps=self._num_steps,
             iteration_tokens=iteration_tokens,
+            tenant_tokens=dict(sched.tenant_tokens),
         )

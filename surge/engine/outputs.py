@@ -51,3 +51,5 @@ class EngineStats:
     generation_tokens: int = 0
     num_steps: int = 0
     iteration_tokens: list[int] = field(default_factory=list)  # tokens per step since last stats
+    # Tokens scheduled per tenant since start (prefill + decode): the service each tenant got.
+    tenant_tokens: dict[str, int] = field(default_factory=dict)

@@ -59,6 +59,7 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("generation_tokens", "vllm:generation_tokens", "Number of generation tokens processed."),
 )
 
+MAX_PRIORITY_LABELS = 32
 DEFAULT_MAX_TENANTS = 1000
 OTHER_TENANT = "other"
 
@@ -215,6 +216,48 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=reg,
         )
+        self.tenant_ttft = Histogram(
+            "surge:tenant_time_to_first_token_seconds",
+            "Time to first token per tenant, in seconds.",
+            ["model_name", "tenant"],
+            buckets=TTFT_BUCKETS,
+            registry=reg,
+        )
+        self.tenant_prompt_tokens = Counter(
+            "surge:tenant_prompt_tokens",
+            "Prompt tokens per tenant.",
+            ["model_name", "tenant"],
+            registry=reg,
+        )
+        self.tenant_requests = Counter(
+            "surge:tenant_requests",
+            "Finished requests per tenant, by finish reason.",
+            ["model_name", "tenant", "finished_reason"],
+            registry=reg,
+        )
+        # The engine's own count: a tenant's share of service is its rate over the sum of rates.
+        self.tenant_scheduled_tokens = Counter(
+            "surge:tenant_scheduled_tokens",
+            "Tokens the engine scheduled per tenant (prefill and decode).",
+            ["model_name", "tenant"],
+            registry=reg,
+        )
+        self.priority_queue_time = Histogram(
+            "surge:priority_queue_time_seconds",
+            "Queue time per request priority, in seconds.",
+            ["model_name", "priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.priority_ttft = Histogram(
+            "surge:priority_time_to_first_token_seconds",
+            "Time to first token per request priority, in seconds.",
+            ["model_name", "priority"],
+            buckets=TTFT_BUCKETS,
+            registry=reg,
+        )
+        self._last_tenant_tokens: dict[str, int] = {}
+        self._priorities: set[int] = set()
 
         # Create the unlabelled-by-reason series now so they read 0 from the first scrape.
         for metric in (self.num_running, self.num_waiting, self.kv_cache_usage):
@@ -251,6 +294,13 @@ class ServerMetrics:
                 self.cache_config_info.clear()
                 self.cache_config_info.labels(name, str(config[0]), str(config[1])).set(1)
                 self._cache_config = config
+            for tenant, value in stats.tenant_tokens.items():
+                last = self._last_tenant_tokens.get(tenant, 0)
+                delta = value - last if value >= last else value
+                if delta > 0 and tenant:
+                    label = self._tenant_label_locked(tenant)
+                    self.tenant_scheduled_tokens.labels(name, label).inc(delta)
+                self._last_tenant_tokens[tenant] = value
         step_tokens = self.iteration_tokens.labels(name)
         for tokens in stats.iteration_tokens:
             step_tokens.observe(tokens)
@@ -268,7 +318,7 @@ class ServerMetrics:
         max_tokens: int | None,
         n: int,
         tenant: str = "",
-        priority: int = 0,  # accepted for the caller's convenience; no per-priority metric yet
+        priority: int = 0,
     ) -> None:
         """Record one finished request (one per sequence of an n > 1 request)."""
         name = self.model_name
@@ -289,16 +339,35 @@ class ServerMetrics:
         if tenant:
             label = self.tenant_label(tenant)
             self.tenant_generation_tokens.labels(name, label).inc(num_generation_tokens)
+            self.tenant_prompt_tokens.labels(name, label).inc(num_prompt_tokens)
             self.tenant_queue_time.labels(name, label).observe(queue_s)
+            self.tenant_requests.labels(name, label, str(finish_reason)).inc()
+            if ttft_s is not None:
+                self.tenant_ttft.labels(name, label).observe(ttft_s)
+        plabel = self.priority_label(priority)
+        self.priority_queue_time.labels(name, plabel).observe(queue_s)
+        if ttft_s is not None:
+            self.priority_ttft.labels(name, plabel).observe(ttft_s)
 
     def tenant_label(self, tenant: str) -> str:
         """The tenant's own label while under the cap, else the shared 'other'."""
         with self._lock:
-            if tenant in self._tenants:
-                return tenant
-            if len(self._tenants) < self.max_tenants:
-                self._tenants.add(tenant)
-                return tenant
+            return self._tenant_label_locked(tenant)
+
+    def _tenant_label_locked(self, tenant: str) -> str:
+        if tenant in self._tenants:
+            return tenant
+        if len(self._tenants) < self.max_tenants:
+            self._tenants.add(tenant)
+            return tenant
+        return OTHER_TENANT
+
+    def priority_label(self, priority: int) -> str:
+        """Priorities are client-chosen integers: the first few distinct ones get a label each."""
+        with self._lock:
+            if priority in self._priorities or len(self._priorities) < MAX_PRIORITY_LABELS:
+                self._priorities.add(priority)
+                return str(priority)
         return OTHER_TENANT
 
     def observe_rejection(self, reason: str) -> None:

@@ -24,9 +24,10 @@ class Admission:
     however many paths (finally blocks, disconnect callbacks) try; use it as a context manager.
     """
 
-    def __init__(self, controller: AdmissionController, num_tokens: int) -> None:
+    def __init__(self, controller: AdmissionController, num_tokens: int, tenant: str = "") -> None:
         self._controller = controller
         self.num_tokens = num_tokens
+        self.tenant = tenant
         self._state = _State.PENDING
 
     @property
@@ -73,6 +74,7 @@ class AdmissionController:
         max_queued_requests: int,
         max_queued_tokens: int | None = None,
         *,
+        max_queued_per_tenant: int | None = None,
         retry_after_s: float = 1.0,
         ready: bool = True,
     ) -> None:
@@ -82,6 +84,10 @@ class AdmissionController:
             raise ValueError(f"max_queued_tokens must be >= 1 or None, got {max_queued_tokens}")
         self.max_queued_requests = max_queued_requests
         self.max_queued_tokens = max_queued_tokens
+        if max_queued_per_tenant is not None and max_queued_per_tenant < 1:
+            raise ValueError(f"max_queued_per_tenant must be >= 1, got {max_queued_per_tenant}")
+        self.max_queued_per_tenant = max_queued_per_tenant
+        self._pending_by_tenant: dict[str, int] = {}  # only tenants with something pending
         self.retry_after_s = retry_after_s
         self.ready = ready
         self._draining = False
@@ -113,8 +119,16 @@ class AdmissionController:
         """Admitted and not yet released (pending or in the engine); 0 means drained."""
         return self._in_flight
 
-    def admit(self, num_tokens: int, num_waiting: int = 0, waiting_tokens: int = 0) -> Admission:
+    def pending_for(self, tenant: str) -> int:
+        return self._pending_by_tenant.get(tenant, 0)
+
+    def admit(
+        self, num_tokens: int, num_waiting: int = 0, waiting_tokens: int = 0, tenant: str = ""
+    ) -> Admission:
         """Admit one request of `num_tokens` prompt tokens, or raise 429/503.
+
+        `tenant`: with `max_queued_per_tenant` set, one tenant may hold at most that many of the
+        queued requests, so a single tenant cannot fill the shared queue ("" is a tenant too).
 
         `num_waiting` / `waiting_tokens`: a queue outside this controller's own count (the
         server passes none: its count of admitted requests without a first token is exact).
@@ -148,14 +162,28 @@ class AdmissionController:
                 retry_after_s=self.retry_after_s,
                 code="queue_full",
             )
+        mine = self._pending_by_tenant.get(tenant, 0)
+        if self.max_queued_per_tenant is not None and mine + 1 > self.max_queued_per_tenant:
+            raise RateLimitError(
+                f"too many queued requests for this tenant: {mine} waiting "
+                f"(limit {self.max_queued_per_tenant}); retry later",
+                retry_after_s=self.retry_after_s,
+                code="tenant_queue_full",
+            )
         self._pending_requests += 1
         self._pending_tokens += num_tokens
+        self._pending_by_tenant[tenant] = mine + 1
         self._in_flight += 1
-        return Admission(self, num_tokens)
+        return Admission(self, num_tokens, tenant)
 
     def _leave_pending(self, ticket: Admission) -> None:
         self._pending_requests -= 1
         self._pending_tokens -= ticket.num_tokens
+        left = self._pending_by_tenant[ticket.tenant] - 1
+        if left:
+            self._pending_by_tenant[ticket.tenant] = left
+        else:
+            del self._pending_by_tenant[ticket.tenant]
 
     def _on_released(self) -> None:
         self._in_flight -= 1

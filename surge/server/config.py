@@ -13,6 +13,11 @@ class ServerConfig:
     api_keys: frozenset[str] = field(default_factory=frozenset)  # empty: no auth
     max_queued_requests: int = 1024  # waiting in the engine + accepted not yet seen by it
     max_queued_tokens: int | None = None  # prompt tokens waiting; None: no token bound
+    max_queued_requests_per_tenant: int | None = None  # None: only the shared bound
+    # Who a request is for (fair share, per-tenant limits and metrics), first match wins:
+    # this header (a gateway sets it), the body's `user`, the API key (hashed), else "".
+    tenant_header: str = "x-surge-tenant"
+    priority_header: str = "x-surge-priority"  # used when the body has no `priority`
     requests_per_minute: int | None = None  # per API key (or client) rate limits
     tokens_per_minute: int | None = None
     request_timeout_s: float | None = 600.0  # None: no timeout
@@ -26,6 +31,9 @@ class ServerConfig:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.max_queued_requests < 1:
             raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        per_tenant = self.max_queued_requests_per_tenant
+        if per_tenant is not None and per_tenant < 1:
+            raise ValueError(f"max_queued_requests_per_tenant must be >= 1, got {per_tenant}")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         if self.drain_timeout_s < 0:

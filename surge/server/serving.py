@@ -32,6 +32,7 @@ from surge.server.errors import (
 from surge.server.generation import Event, RequestTiming, choice_index, generate_merged
 from surge.server.protocol_responses import SSE_DONE, UsageInfo
 from surge.server.state import ServerState
+from surge.server.tenancy import resolve_priority, resolve_tenant
 
 log = logging.getLogger(__name__)
 
@@ -137,17 +138,23 @@ def start_job(
     *,
     request_id: str | None,
     user: str | None,
-    priority: int,
+    priority: int | None,
     cache_salt: str | None,
 ) -> Job:
-    """Admit (or raise 429/503) and describe the job; nothing runs until it is consumed."""
+    """Admit (or raise 429/503) and describe the job; nothing runs until it is consumed.
+
+    `priority`: the body's, or None when it has none (the header then decides).
+    """
     from surge.server.state import client_key
 
     if state.client.dead_reason is not None:
         raise ServiceUnavailableError("engine is not running", retry_after_s=5, code="engine_dead")
-    key = client_key(request)
+    tenant = resolve_tenant(request, user, state.config)
+    priority = resolve_priority(request, priority, state.config)
+    # Rate limits per tenant where one is named, else per API key or client address.
+    key = f"tenant:{tenant}" if tenant else client_key(request)
     reserve = (params.max_tokens or 0) * params.n * len(prompts)
-    ticket = state.admit(key, sum(len(p) for p in prompts), reserve)
+    ticket = state.admit(key, sum(len(p) for p in prompts), reserve, tenant=tenant)
     rid = request_id or uuid.uuid4().hex
     job = Job(
         state=state,
@@ -157,7 +164,7 @@ def start_job(
         ticket=ticket,
         key=key,
         timing=RequestTiming(arrival_s=getattr(request.state, "arrival_s", time.monotonic())),
-        tenant=user or "",
+        tenant=tenant,
         priority=priority,
         cache_salt=cache_salt,
         choices=[Choice() for _ in range(len(prompts) * params.n)],

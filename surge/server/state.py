@@ -33,7 +33,11 @@ class ServerState:
             config=config,
             client=client,
             metrics=metrics,
-            admission=AdmissionController(config.max_queued_requests, config.max_queued_tokens),
+            admission=AdmissionController(
+                config.max_queued_requests,
+                config.max_queued_tokens,
+                max_queued_per_tenant=config.max_queued_requests_per_tenant,
+            ),
             limiter=RateLimiter(config.requests_per_minute, config.tokens_per_minute),
             started_s=time.monotonic(),
         )
@@ -54,19 +58,21 @@ class ServerState:
     def model_path(self) -> str:
         return self.client.info.model_path
 
-    def admit(self, key: str, num_prompt_tokens: int, reserve_tokens: int) -> Admission:
-        """Rate limits per key, then the shared queue bound; raises 429/503 with Retry-After."""
+    def admit(
+        self, key: str, num_prompt_tokens: int, reserve_tokens: int, tenant: str = ""
+    ) -> Admission:
+        """Rate limits per key, then the queue bounds; raises 429/503 with Retry-After."""
         try:
             wait = self.limiter.check(key, num_prompt_tokens + reserve_tokens, time.monotonic())
             if wait > 0:
                 raise RateLimitError(
-                    f"rate limit exceeded for this API key; retry in {wait:.1f}s",
+                    f"rate limit exceeded for this tenant or API key; retry in {wait:.1f}s",
                     retry_after_s=wait,
                     code="rate_limit_exceeded",
                 )
             # The server's own count of admitted requests without a first token is exact and
             # current; the engine's waiting gauge lags by a step and is a subset of it.
-            return self.admission.admit(num_prompt_tokens)
+            return self.admission.admit(num_prompt_tokens, tenant=tenant)
         except SurgeHTTPError as e:
             self.metrics.observe_rejection(str(e.code or e.type))
             raise

@@ -206,3 +206,23 @@ def test_tenant_cardinality_cap() -> None:
     assert counts["other"] == 5
     assert counts["t0"] == 2
     assert "t1000" not in counts
+
+
+def test_per_tenant_and_priority_series() -> None:
+    m = ServerMetrics(MODEL)
+    m.observe_request(
+        finish_reason="length", ttft_s=0.3, e2e_s=1.0, queue_s=0.25, itl_s=[],
+        num_prompt_tokens=11, num_generation_tokens=4, max_tokens=4, n=1, tenant="acme",
+        priority=-2,
+    )  # fmt: skip
+    m.update_engine(EngineStats(tenant_tokens={"acme": 40, "": 9}))
+    m.update_engine(EngineStats(tenant_tokens={"acme": 55, "": 12}))
+    s = scrape(m)
+    assert value(s, "surge:tenant_scheduled_tokens_total", tenant="acme") == 55
+    assert value(s, "surge:tenant_prompt_tokens_total", tenant="acme") == 11
+    assert value(s, "surge:tenant_time_to_first_token_seconds_count", tenant="acme") == 1
+    assert value(s, "surge:tenant_requests_total", tenant="acme", finished_reason="length") == 1
+    assert value(s, "surge:priority_queue_time_seconds_sum", priority="-2") == 0.25
+    assert value(s, "surge:priority_time_to_first_token_seconds_count", priority="-2") == 1
+    # The anonymous tenant gets no series of its own.
+    assert {dict(k[1]).get("tenant") for k in s if "tenant_scheduled" in k[0]} == {"acme"}

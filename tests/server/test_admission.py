@@ -109,3 +109,17 @@ async def test_429_and_503_over_http() -> None:
         resp = await client.post("/v1/completions")
         assert resp.status_code == 503 and resp.headers["retry-after"] == "2"
         assert resp.json()["error"]["code"] == "draining"
+
+
+def test_per_tenant_bound_leaves_room_for_other_tenants() -> None:
+    ac = AdmissionController(max_queued_requests=10, max_queued_per_tenant=2)
+    a1 = ac.admit(5, tenant="noisy")
+    ac.admit(5, tenant="noisy")
+    with pytest.raises(RateLimitError, match="for this tenant") as info:
+        ac.admit(5, tenant="noisy")
+    assert info.value.code == "tenant_queue_full" and info.value.retry_after_s > 0
+    ac.admit(5, tenant="quiet")  # the shared queue still has room for everyone else
+    assert ac.pending_for("noisy") == 2 and ac.pending_for("quiet") == 1
+    a1.mark_started()  # generating: no longer queued, the tenant may queue another
+    ac.admit(5, tenant="noisy")
+    assert ac.pending_for("noisy") == 2 and ac.pending_requests == 3

@@ -58,7 +58,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     params = body.to_sampling_params(default_max_tokens=min(default, room))
     job = start_job(
         state, request, [prompt], params, request_id=body.request_id, user=body.user,
-        priority=body.priority, cache_salt=body.cache_salt,
+        priority=body.priority if "priority" in body.model_fields_set else None,
+        cache_salt=body.cache_salt,
     )  # fmt: skip
     model = body.model or state.config.served_model_name
     if body.stream:

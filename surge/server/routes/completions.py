@@ -46,7 +46,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     params = body.to_sampling_params(default_max_tokens=min(default, room))
     job = start_job(
         state, request, prompts, params, request_id=body.request_id, user=body.user,
-        priority=body.priority, cache_salt=body.cache_salt,
+        priority=body.priority if "priority" in body.model_fields_set else None,
+        cache_salt=body.cache_salt,
     )  # fmt: skip
     model = body.model or state.config.served_model_name
     echo = [tok.decode(p) if body.echo else "" for p in prompts]
