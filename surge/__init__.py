@@ -1,6 +1,21 @@
 """Surge: serve large language models to many users at once."""
 
-from surge.engine.llm import LLM, CompletionOutput, RequestOutput
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from surge.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from surge.engine.llm import LLM, CompletionOutput, RequestOutput
+
 __all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `surge bench` and `surge gateway` import this package but need no torch.
+    if name in ("LLM", "CompletionOutput", "RequestOutput"):
+        from surge.engine import llm
+
+        return getattr(llm, name)
+    raise AttributeError(f"module 'surge' has no attribute {name!r}")
