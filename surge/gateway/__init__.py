@@ -1,0 +1,1 @@
+"""`surge gateway`: one OpenAI-compatible address in front of many Surge (or vLLM) servers."""

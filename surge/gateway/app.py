@@ -1,0 +1,315 @@
+"""build_app(config) -> FastAPI: the server's OpenAI surface in front of many upstreams.
+
+The lifespan owns the HTTP clients and every background task (health probes, load scrapes,
+upstreams-file watcher) and cancels them on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from surge.gateway.balancers import Balancer, make_balancer
+from surge.gateway.config import DegradeAction, GatewayConfig, Policy
+from surge.gateway.degrade import DEGRADED_HEADER, cap_max_tokens, decide
+from surge.gateway.errors import (
+    GatewayError,
+    NotFound,
+    PayloadTooLarge,
+    TooManyRequests,
+    Unavailable,
+    install_error_handlers,
+)
+from surge.gateway.health import probe_loop
+from surge.gateway.limits import ConcurrencyLimiter, LimitExceeded
+from surge.gateway.metrics import GatewayMetrics
+from surge.gateway.prefix_affinity import route_key
+from surge.gateway.proxy import Proxy, ProxyRequest, forward_headers
+from surge.gateway.streaming import RelayStream
+from surge.gateway.upstreams import (
+    FALLBACK,
+    PRIMARY,
+    UpstreamPool,
+    reload_upstreams,
+    scrape_loop,
+    watch_upstreams_file,
+)
+
+log = logging.getLogger(__name__)
+
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+
+@dataclass
+class GatewayState:
+    config: GatewayConfig
+    pool: UpstreamPool
+    balancers: dict[str, Balancer]
+    metrics: GatewayMetrics
+    limiter: ConcurrencyLimiter
+    reload_now: asyncio.Event = field(default_factory=asyncio.Event)  # set by SIGHUP
+    proxy: Proxy | None = None  # built in the lifespan, with the HTTP client
+
+    @classmethod
+    def create(cls, config: GatewayConfig) -> GatewayState:
+        rng = random.Random(config.seed)
+        return cls(
+            config=config,
+            pool=UpstreamPool(config),
+            # Each group learns on its own: a fallback's prefixes say nothing of the primaries.
+            balancers={
+                g: make_balancer(config.policy, config.prefix, rng) for g in (PRIMARY, FALLBACK)
+            },
+            metrics=GatewayMetrics(),
+            limiter=ConcurrencyLimiter(config.limits),
+        )
+
+
+def build_app(config: GatewayConfig) -> FastAPI:
+    state = GatewayState.create(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        t = config.timeouts
+        timeout = httpx.Timeout(connect=t.connect_s, read=None, write=t.total_s, pool=t.connect_s)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+        async with (
+            httpx.AsyncClient(timeout=timeout, limits=limits) as client,
+            httpx.AsyncClient(timeout=config.health.timeout_s) as monitor,
+        ):
+            state.proxy = Proxy(config, state.pool, state.balancers, client, state.metrics)
+            tasks = await _start_background(state, monitor)
+            try:
+                yield
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    app = FastAPI(title="Surge gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)  # fmt: skip
+    app.state.gateway = state
+    install_error_handlers(app)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> Response:
+        return await _proxy(state, request, "/v1/completions", generation=True)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> Response:
+        return await _proxy(state, request, "/v1/chat/completions", generation=True)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return _health(state)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        pool, limiter = state.pool, state.limiter
+        now_s = time.monotonic()
+        state.metrics.refresh(pool.all(), now_s, limiter.in_flight, limiter.num_waiting)
+        body, content_type = state.metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                   response_model=None)  # fmt: skip
+    async def passthrough(request: Request, rest: str) -> Response:
+        route = "/v1/models" if rest == "models" else "/v1/other"
+        return await _proxy(state, request, route, generation=False)
+
+    @app.api_route("/{name:path}", methods=["GET", "POST"], response_model=None)
+    async def server_extras(request: Request, name: str) -> Response:
+        if name not in ("tokenize", "detokenize", "version"):
+            raise NotFound(f"Not found: /{name}")
+        return await _proxy(state, request, "/other", generation=False)
+
+    return app
+
+
+async def _start_background(
+    state: GatewayState, monitor: httpx.AsyncClient
+) -> list[asyncio.Task[None]]:
+    config, pool = state.config, state.pool
+    tasks = []
+    if config.upstreams_file is not None:
+        try:
+            await reload_upstreams(pool, config.upstreams_file)
+        except (OSError, ValueError) as e:
+            log.error("cannot read upstreams file %s: %s", config.upstreams_file, e)
+        watcher = watch_upstreams_file(pool, config.upstreams_file, config.reload_interval_s,
+                                       state.reload_now)  # fmt: skip
+        tasks.append(asyncio.create_task(watcher))
+    if config.health.interval_s > 0:
+        probes = probe_loop(pool.all, monitor, config.health, time.monotonic)
+        tasks.append(asyncio.create_task(probes))
+    if config.scrape_interval_s > 0:
+        scrapes = scrape_loop(pool.all, monitor, config.scrape_interval_s, config.health.timeout_s)
+        tasks.append(asyncio.create_task(scrapes))
+    return tasks
+
+
+def _health(state: GatewayState) -> JSONResponse:
+    now_s = time.monotonic()
+    ups = {
+        u.url: {
+            "group": u.group,
+            "healthy": u.health.is_healthy(now_s),
+            "breaker": u.breaker.state(now_s).name.lower(),
+            "in_flight": u.in_flight,
+        }
+        for u in state.pool.all()
+    }
+    in_rotation = sum(1 for u in state.pool.all() if u.in_rotation(now_s))
+    status = "ok" if in_rotation else "unavailable"
+    body = {"status": status, "upstreams_in_rotation": in_rotation, "upstreams": ups}
+    return JSONResponse(body, status_code=200 if in_rotation else 503)
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise PayloadTooLarge(f"request body over {max_bytes} bytes")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"request body over {max_bytes} bytes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None (the upstream will say what is wrong with it)."""
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+async def _proxy(
+    state: GatewayState, request: Request, route: str, *, generation: bool
+) -> Response:
+    arrival_s = time.perf_counter()
+    status = 500
+    try:
+        response = await _admit_and_forward(state, request, arrival_s, generation)
+        status = response.status_code
+        return response
+    except GatewayError as e:
+        status = e.status_code
+        raise
+    finally:
+        state.metrics.requests.labels(route, str(status)).inc()
+
+
+async def _admit_and_forward(
+    state: GatewayState, request: Request, arrival_s: float, generation: bool
+) -> Response:
+    config, metrics, limiter = state.config, state.metrics, state.limiter
+    body = await _read_body(request, config.max_body_bytes)
+    parsed = _json_object(body) if generation else None
+    prefix = config.prefix if config.policy is Policy.PREFIX else None
+    key = route_key(parsed, request.headers.get(config.session_header), prefix)
+    api_key = request.headers.get("authorization", "")
+    waited_from = time.perf_counter()
+    try:
+        await limiter.acquire(api_key)
+    except LimitExceeded as e:
+        metrics.shed.labels(e.reason).inc()
+        raise TooManyRequests(f"gateway busy ({e.reason.replace('_', ' ')})", code=e.reason,
+                              retry_after_s=1.0) from None  # fmt: skip
+    queued_s = time.perf_counter() - waited_from
+    metrics.queue_wait.observe(queued_s)
+    handed_off = False
+    try:
+        preq = ProxyRequest(
+            method=request.method,
+            path=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            headers=forward_headers(request.headers),
+            body=body,
+            key=key,
+            stream=bool(parsed and parsed.get("stream") is True),
+            arrival_s=arrival_s,
+            queued_s=queued_s,
+        )
+        if parsed is not None:
+            _degrade(state, preq, parsed)
+        response = await _forward_unless_disconnected(state, preq, request)
+        if isinstance(response, RelayStream):
+            response.add_on_close(lambda: limiter.release(api_key))
+            handed_off = True
+        return response
+    finally:
+        if not handed_off:
+            limiter.release(api_key)
+
+
+def _degrade(state: GatewayState, preq: ProxyRequest, parsed: dict[str, Any]) -> None:
+    """Apply the degradation the current saturation calls for to `preq`, or shed it."""
+    config, pool = state.config, state.pool
+    now_s = time.monotonic()
+    primary = [u.snapshot() for u in pool.candidates(PRIMARY, now_s)]
+    fallback = [u.snapshot() for u in pool.candidates(FALLBACK, now_s)]
+    if not primary and fallback:  # every primary is out: the fallback group is there for this
+        preq.group = FALLBACK
+        preq.extra_headers[DEGRADED_HEADER] = "fallback"
+        state.metrics.degraded.labels("fallback").inc()
+        return
+    decision = decide(primary, fallback, config.degrade)
+    if decision.action is DegradeAction.NONE:
+        return
+    assert decision.header is not None
+    preq.extra_headers[DEGRADED_HEADER] = decision.header
+    state.metrics.degraded.labels(decision.action.value).inc()
+    if decision.action is DegradeAction.SHED:
+        state.metrics.shed.labels("saturated").inc()
+        err_type = TooManyRequests if config.degrade.shed_status == 429 else Unavailable
+        raise err_type("every upstream is saturated; retry later", code="overloaded",
+                       retry_after_s=config.degrade.retry_after_s,
+                       headers=preq.extra_headers)  # fmt: skip
+    if decision.action is DegradeAction.CAP_MAX_TOKENS:
+        capped = cap_max_tokens(parsed, config.degrade.max_tokens_cap)
+        preq.body = json.dumps(capped).encode()
+    elif decision.action is DegradeAction.FALLBACK:
+        preq.group = FALLBACK
+
+
+async def _forward_unless_disconnected(
+    state: GatewayState, preq: ProxyRequest, request: Request
+) -> Response:
+    """Forward, but stop (and so abort the upstream request) if the client leaves first."""
+    assert state.proxy is not None
+    forward = asyncio.ensure_future(state.proxy.forward(preq))
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({forward, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        forward.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if forward in done:
+        return forward.result()
+    forward.cancel()
+    with contextlib.suppress(asyncio.CancelledError, GatewayError):
+        late = await forward
+        if isinstance(late, RelayStream):
+            await late.close()
+    return Response(status_code=499)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

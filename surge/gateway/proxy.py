@@ -1,0 +1,334 @@
+"""Forward one request: pick an upstream, send, retry elsewhere until a byte reaches the client.
+
+NOTE: one request's path
+
+    record_request(budget)
+    loop (at most retry.max_attempts):
+        choose: candidates in rotation, not tried yet (un-throttled first) -> balancer.pick
+                -> breaker.allow (a permit; every permit ends in record or cancel)
+        send, wait for the head (and a stream's first chunk) under the phase timeouts
+        success              -> answer (a stream is relayed from here on, never retried)
+        4xx other than 429   -> answer: the request's fault, the upstream is fine
+        429/503 (refused)    -> remember Retry-After; retry elsewhere, the breaker unmoved
+        5xx, connect error,  -> failure: breaker, passive health; retry elsewhere
+        timeout, broken head
+        a retry needs budget, a candidate left, time before the deadline, and a jittered backoff
+    nothing left: all refused -> their 429/503 with the smallest Retry-After; else the last
+    upstream error, or 502/504 from the gateway; no candidate at all -> 503 + Retry-After
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import httpx
+from starlette.responses import Response
+
+from surge.gateway.balancers import Balancer
+from surge.gateway.breaker import Outcome, Permit, classify_status
+from surge.gateway.config import GatewayConfig
+from surge.gateway.errors import (
+    BadGateway,
+    GatewayError,
+    GatewayTimeout,
+    TooManyRequests,
+    Unavailable,
+)
+from surge.gateway.metrics import GatewayMetrics
+from surge.gateway.retry import RetryBudget, backoff_s, parse_retry_after, retry_after_header
+from surge.gateway.streaming import RelayStream
+from surge.gateway.upstreams import PRIMARY, RouteKey, Upstream, UpstreamPool
+
+log = logging.getLogger(__name__)
+
+UPSTREAM_HEADER = "x-surge-upstream"
+# Hop-by-hop headers (RFC 9110 §7.6.1) and those httpx/uvicorn set themselves.
+_DROP_REQUEST = frozenset({
+    "host", "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
+    "upgrade", "content-length", "accept-encoding",
+})  # fmt: skip
+_DROP_RESPONSE = frozenset({
+    "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
+    "date", "server",
+})  # fmt: skip
+MAX_THROTTLE_S = 60.0  # never park an upstream longer than this on its own Retry-After
+
+
+def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The client's headers for the upstream (authorization, x-surge-tenant, x-surge-priority
+    and the rest), minus hop-by-hop ones."""
+    return {k: v for k, v in headers.items() if k.lower() not in _DROP_REQUEST}
+
+
+@dataclass(slots=True)
+class ProxyRequest:
+    method: str
+    path: str  # with the query string
+    headers: dict[str, str]
+    body: bytes
+    key: RouteKey
+    stream: bool  # the client asked for SSE: the first-byte timeout covers the first chunk
+    group: str = PRIMARY
+    extra_headers: dict[str, str] = field(default_factory=dict)  # added to the answer
+    arrival_s: float = 0.0  # perf_counter() when the gateway got it (overhead metric)
+    queued_s: float = 0.0  # time spent waiting for a concurrency slot
+
+
+@dataclass(slots=True)
+class _Attempt:
+    outcome: Outcome
+    response: Response | None = None  # the upstream's answer (final, or kept as a last resort)
+    error: GatewayError | None = None  # the gateway's own error for a failure without answer
+    kind: str = ""
+    retry_after_s: float | None = None
+
+
+class Lease:
+    """One attempt's hold on an upstream (in-flight count, breaker permit), released once."""
+
+    def __init__(self, proxy: Proxy, up: Upstream, permit: Permit) -> None:
+        self._proxy, self.up, self._permit = proxy, up, permit
+        self.start_s = proxy.clock()
+        self._done = False
+        up.in_flight += 1
+
+    def finish(self, outcome: Outcome | None, kind: str = "") -> None:
+        if self._done:
+            return
+        self._done = True
+        up, now_s, m = self.up, self._proxy.clock(), self._proxy.metrics
+        up.in_flight -= 1
+        if outcome is Outcome.SUCCESS or outcome is Outcome.FAILURE:
+            ok = outcome is Outcome.SUCCESS
+            was = (up.breaker.state(now_s), up.health.healthy)
+            up.breaker.record(self._permit, ok, now_s)
+            up.health.on_traffic(ok, now_s)
+            if was != (up.breaker.state(now_s), up.health.healthy):
+                log.warning("upstream %s: breaker %s, %s (after %s)", up.url,
+                            up.breaker.state(now_s).name.lower(),
+                            "healthy" if up.health.healthy else "out of rotation (outlier)",
+                            kind or outcome.value)  # fmt: skip
+        else:
+            up.breaker.cancel(self._permit)
+        if kind:
+            m.upstream_errors.labels(up.url, kind).inc()
+        m.upstream_requests.labels(up.url, outcome or "cancelled").inc()
+        m.upstream_latency.labels(up.url, "total").observe(now_s - self.start_s)
+
+
+class Proxy:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        pool: UpstreamPool,
+        balancers: Mapping[str, Balancer],
+        client: httpx.AsyncClient,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.balancers = balancers
+        self.client = client
+        self.metrics = metrics
+        self.clock = clock
+        self.budget = RetryBudget.from_config(config.retry)
+        self._rng = random.Random(config.seed)
+
+    async def forward(self, req: ProxyRequest) -> Response:
+        """The answer for `req`; raises GatewayError when the gateway answers itself."""
+        retry = self.config.retry
+        deadline_s = self.clock() + self.config.timeouts.total_s
+        self.budget.record_request(self.clock())
+        tried: list[str] = []
+        attempts: list[_Attempt] = []
+        while True:
+            chosen = self._choose(req, tried)
+            if chosen is None:
+                break
+            up, permit, wait_s = chosen
+            tried.append(up.url)
+            if wait_s > 0:  # it asked for a pause (Retry-After) and nothing else is free
+                await asyncio.sleep(wait_s)
+            result = await self._attempt(up, permit, req, deadline_s, first=not attempts)
+            if isinstance(result, Response):
+                return result
+            attempts.append(result)
+            if not self._may_retry(req, result, tried, deadline_s, len(attempts)):
+                break
+            await asyncio.sleep(backoff_s(len(attempts) - 1, retry, self._rng))
+        return self._give_up(req, attempts)
+
+    def _may_retry(
+        self, req: ProxyRequest, last: _Attempt, tried: list[str], deadline_s: float, num: int
+    ) -> bool:
+        now_s = self.clock()
+        denied = None
+        if num >= self.config.retry.max_attempts:
+            denied = "attempts"
+        elif now_s >= deadline_s:
+            denied = "deadline"
+        elif not self.pool.candidates(req.group, now_s, tried):
+            denied = "no_upstream"
+        elif not self.budget.can_retry(now_s):
+            denied = "budget"
+        if denied is not None:
+            self.metrics.retries_denied.labels(denied).inc()
+            return False
+        self.budget.record_retry(now_s)
+        self.metrics.retries.labels(last.kind or last.outcome.value).inc()
+        return True
+
+    def _choose(self, req: ProxyRequest, tried: list[str]) -> tuple[Upstream, Permit, float] | None:
+        """(upstream, permit, seconds to wait first) or None when no candidate is left."""
+        now_s = self.clock()
+        candidates = self.pool.candidates(req.group, now_s, tried)
+        fresh = [u for u in candidates if not u.throttled(now_s)]
+        if not fresh:  # all asked for a pause: those whose pause ends soon enough to wait out
+            fresh = [
+                u
+                for u in candidates
+                if u.throttled_until_s - now_s <= self.config.retry.max_retry_after_s
+            ]
+        balancer = self.balancers[req.group]
+        while fresh:
+            url = balancer.pick([u.snapshot() for u in fresh], req.key)
+            up = next((u for u in fresh if u.url == url), None)
+            if up is None:
+                return None
+            permit = up.breaker.allow(now_s)
+            if permit is not None:
+                return up, permit, max(0.0, up.throttled_until_s - now_s)
+            fresh.remove(up)
+        return None
+
+    async def _attempt(
+        self, up: Upstream, permit: Permit, req: ProxyRequest, deadline_s: float, first: bool
+    ) -> Response | _Attempt:
+        timeouts = self.config.timeouts
+        lease = Lease(self, up, permit)
+        request = self.client.build_request(
+            req.method, up.url + req.path, headers=req.headers, content=req.body
+        )
+        head_s = deadline_s - self.clock()
+        if req.stream:
+            head_s = min(head_s, timeouts.first_byte_s)
+        sent_s = time.perf_counter()
+        resp: httpx.Response | None = None
+        try:
+            async with asyncio.timeout(max(head_s, 0.0)):
+                resp = await self.client.send(request, stream=True)
+                outcome = classify_status(resp.status_code)
+                if outcome is Outcome.SUCCESS and _is_event_stream(resp):
+                    chunks = resp.aiter_bytes()
+                    first_chunk = await anext(chunks, b"")
+                    if not first_chunk:
+                        raise httpx.RemoteProtocolError("empty event stream")
+                else:
+                    body = await resp.aread()
+        except BaseException as e:
+            if resp is not None:
+                await resp.aclose()
+            if isinstance(e, TimeoutError):
+                kind = "first_byte_timeout" if req.stream else "timeout"
+                lease.finish(Outcome.FAILURE, kind)
+                err: GatewayError = GatewayTimeout(f"upstream timed out ({kind})", code=kind)
+                return _Attempt(Outcome.FAILURE, error=err, kind=kind)
+            if isinstance(e, httpx.HTTPError):
+                kind = (
+                    "connect"
+                    if isinstance(e, httpx.ConnectError | httpx.TimeoutException)
+                    else "protocol"
+                )
+                lease.finish(Outcome.FAILURE, kind)
+                err = BadGateway(f"upstream failed: {e!r}", code=f"upstream_{kind}_error")
+                return _Attempt(Outcome.FAILURE, error=err, kind=kind)
+            lease.finish(None)  # cancelled: the client went away
+            raise
+        ready_s = time.perf_counter()
+        m = self.metrics
+        m.upstream_latency.labels(up.url, "first_byte").observe(ready_s - sent_s)
+        headers = self._response_headers(resp, up, req)
+        if outcome is Outcome.SUCCESS and _is_event_stream(resp):
+            stream = RelayStream(
+                resp, chunks, first_chunk, lease, idle_s=timeouts.idle_s, deadline_s=deadline_s,
+                clock=self.clock, headers=headers,
+            )  # fmt: skip
+            self._observe_overhead(req, first, sent_s, ready_s)
+            return stream
+        response = Response(body, status_code=resp.status_code, headers=headers)
+        if outcome is Outcome.SUCCESS:
+            lease.finish(outcome)
+            self._observe_overhead(req, first, sent_s, ready_s)
+            return response
+        kind = f"http_{resp.status_code}" if outcome is Outcome.FAILURE else ""
+        lease.finish(outcome, kind)
+        retry_after_s = parse_retry_after(resp.headers.get("retry-after"))
+        if outcome is Outcome.REFUSED and retry_after_s is not None:
+            up.throttled_until_s = self.clock() + min(retry_after_s, MAX_THROTTLE_S)
+        return _Attempt(outcome, response=response, kind=kind or f"http_{resp.status_code}",
+                        retry_after_s=retry_after_s)  # fmt: skip
+
+    def _response_headers(
+        self, resp: httpx.Response, up: Upstream, req: ProxyRequest
+    ) -> dict[str, str]:
+        headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE}
+        headers[UPSTREAM_HEADER] = up.url
+        headers.update(req.extra_headers)
+        return headers
+
+    def _observe_overhead(
+        self, req: ProxyRequest, first: bool, sent_s: float, ready_s: float
+    ) -> None:
+        if first and req.arrival_s:  # a retried request's time is mostly the failed attempts'
+            before = sent_s - req.arrival_s - req.queued_s
+            self.metrics.overhead.observe(before + time.perf_counter() - ready_s)
+
+    def _give_up(self, req: ProxyRequest, attempts: list[_Attempt]) -> Response:
+        if not attempts:
+            now_s = self.clock()
+            paused = [u.throttled_until_s - now_s for u in self.pool.candidates(req.group, now_s)]
+            if paused:  # all in rotation, all asked for a pause longer than we wait ourselves
+                self.metrics.shed.labels("upstreams_busy").inc()
+                raise TooManyRequests(
+                    "every upstream asked to back off; retry later",
+                    code="upstreams_busy",
+                    retry_after_s=min(paused),
+                    headers=req.extra_headers,
+                )
+            self.metrics.shed.labels("no_upstream").inc()
+            raise Unavailable(
+                "no healthy upstream is available",
+                code="no_healthy_upstream",
+                retry_after_s=self._retry_after_hint(req.group),
+                headers=req.extra_headers,
+            )
+        last = attempts[-1]
+        if all(a.outcome is Outcome.REFUSED for a in attempts):
+            assert last.response is not None
+            waits = [a.retry_after_s for a in attempts if a.retry_after_s is not None]
+            last.response.headers["retry-after"] = retry_after_header(min(waits, default=1.0))
+            return last.response
+        if last.response is not None:
+            return last.response
+        assert last.error is not None
+        last.error.headers.update(req.extra_headers)
+        raise last.error
+
+    def _retry_after_hint(self, group: str) -> float:
+        """When to come back: the soonest an open circuit admits a trial, else a probe cycle."""
+        now_s = self.clock()
+        waits = [u.breaker.retry_in_s(now_s) for u in self.pool.group(group)]
+        opens = [w for w in waits if w > 0]
+        health = self.config.health
+        probe_s = health.interval_s * health.healthy_threshold or health.eject_s
+        return min(opens, default=probe_s)
+
+
+def _is_event_stream(resp: httpx.Response) -> bool:
+    return resp.headers.get("content-type", "").startswith("text/event-stream")

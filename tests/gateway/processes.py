@@ -1,0 +1,61 @@
+"""`surge gateway` as a real subprocess on a free 127.0.0.1 port, stopped by its PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.servers import free_port
+
+
+class GatewayProcess:
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"surge-gateway-{self.port}.log"
+        self._log = self.log_path.open("wb")
+        cmd = [sys.executable, "-m", "surge.cli", "gateway", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout_s: float = 60.0, num_upstreams: int | None = None) -> None:
+        """Until it answers, and (if given) has that many upstreams in rotation."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited early:\n{self.log()}")
+            try:
+                health = httpx.get(self.url + "/health", timeout=2).json()
+                if num_upstreams is None or health["upstreams_in_rotation"] == num_upstreams:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"gateway not ready in {timeout_s}s:\n{self.log()}")
+
+    def health(self) -> dict[str, object]:
+        body: dict[str, object] = httpx.get(self.url + "/health", timeout=5).json()
+        return body
+
+    def metrics(self) -> str:
+        return httpx.get(self.url + "/metrics", timeout=5).text
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
