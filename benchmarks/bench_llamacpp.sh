@@ -4,12 +4,17 @@
 # and run at its strongest: the shipped Q4_1 requantized to Q4_0 (Q4_1 has no fast x86 path
 # here), one KV cache per slot (--no-kv-unified), continuous batching, all cores.
 #
-#   bash benchmarks/bench_llamacpp.sh [clients, default "1,64"]
+# Both are driven by `surge bench sweep --concurrency` (closed loop; 128 prompt and 128 output
+# tokens, exact with SmolLM2's tokenizer), results as JSON in bench-results/llamacpp/.
+#
+#   bash benchmarks/bench_llamacpp.sh [concurrency levels, default "1,8,32,64,128"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CLIENTS="${1:-1,64}"
+LEVELS="${1:-1,8,32,64,128}"
+OUT=bench-results/llamacpp
+mkdir -p "$OUT"
 WORK="${LLAMACPP_WORK:-/tmp/surge-llamacpp}"
-PY=.venv/bin/python
+PY="$PWD/.venv/bin/python"
 mkdir -p "$WORK"
 if [ ! -x "$WORK/build/bin/llama-server" ]; then
   (cd "$WORK" && $PY -m pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d . -q)
@@ -20,17 +25,25 @@ if [ ! -x "$WORK/build/bin/llama-server" ]; then
     -DLLAMA_BUILD_EXAMPLES=OFF > "$WORK/cmake.log"
   cmake --build "$WORK/build" --target llama-server llama-quantize -j "$(nproc)" > "$WORK/build.log"
 fi
+[ "${BUILD_ONLY:-0}" = 1 ] && exit 0
 GGUF="$($PY -c "from surge.models.resolve import resolve_model; print(resolve_model('smollm2-135m'))")"
+TOK="$WORK/tokenizer.json"
+[ -f "$TOK" ] || $PY -c "from surge.models.weights import open_model; import sys; open_model(sys.argv[1]).tokenizer.backend.save(sys.argv[2])" "$GGUF" "$TOK"
+MAXC="${LEVELS##*,}"
+sweep() {  # url label
+  $PY -m surge.cli bench sweep --url "$1" --concurrency "$LEVELS" --requests-per-client "${REQS_PER_CLIENT:-4}" \
+    --input-len 128 --output-len 128 --tokenizer "$TOK" --output "$OUT/$2.json"
+}
 Q40="$WORK/SmolLM2-135M-Instruct.Q4_0.gguf"
 [ -f "$Q40" ] || "$WORK/build/bin/llama-quantize" --allow-requantize "$GGUF" "$Q40" Q4_0 > "$WORK/quantize.log" 2>&1
 
 PORT=18081
-"$WORK/build/bin/llama-server" -m "$Q40" --host 127.0.0.1 --port $PORT -np 64 --no-kv-unified \
-  -c $((64 * 256)) -t "$(nproc)" --cont-batching > "$WORK/server.log" 2>&1 &
+"$WORK/build/bin/llama-server" -m "$Q40" --host 127.0.0.1 --port $PORT -np "$MAXC" --no-kv-unified \
+  -c $((MAXC * 320)) -t "$(nproc)" --cont-batching > "$WORK/server.log" 2>&1 &
 LPID=$!
 trap 'kill $LPID 2>/dev/null || true' EXIT
 for _ in $(seq 120); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
-$PY benchmarks/bench_http.py --url "http://127.0.0.1:$PORT" --clients "$CLIENTS" --label llama.cpp
+sweep "http://127.0.0.1:$PORT" llama.cpp
 kill $LPID; wait $LPID 2>/dev/null || true
 
 PORT=18082
@@ -38,5 +51,5 @@ $PY -m surge.cli serve --model "$GGUF" --port $PORT --served-model-name default 
 SPID=$!
 trap 'kill $SPID 2>/dev/null || true' EXIT
 for _ in $(seq 300); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
-$PY benchmarks/bench_http.py --url "http://127.0.0.1:$PORT" --clients "$CLIENTS" --label surge
+sweep "http://127.0.0.1:$PORT" surge
 kill -TERM $SPID; wait $SPID 2>/dev/null || true

@@ -193,8 +193,18 @@ async def test_upstream_429s_come_back_with_retry_after_and_trip_nothing(fleet: 
 
 
 async def test_saturation_caps_max_tokens_and_the_queue_sheds(fleet: Fleet) -> None:
-    bodies = [{"prompt": f"long {i}", "max_tokens": 48, "ignore_eos": True} for i in range(6)]
-    responses = await _post_many(fleet.cap.url, bodies)
+    # A long request saturates the upstream first (1 in flight allowed), whatever the CPU load.
+    async with httpx.AsyncClient(timeout=60) as client:
+        long_body = {"prompt": "long", "max_tokens": 400, "ignore_eos": True}
+        first = asyncio.create_task(client.post(fleet.cap.url + "/v1/completions", json=long_body))
+        upstream = fleet.servers[1]
+        while await asyncio.to_thread(upstream.metric, "vllm:num_requests_running") < 1:
+            await asyncio.sleep(0.02)
+        bodies = [{"prompt": f"long {i}", "max_tokens": 48, "ignore_eos": True} for i in range(5)]
+        rest = await _post_many(fleet.cap.url, bodies)
+        responses = [await first, *rest]
+    assert responses[0].json()["usage"]["completion_tokens"] == 400
+    responses = responses[1:]
     ok = [r for r in responses if r.status_code == 200]
     refused = [r for r in responses if r.status_code != 200]
     degraded = [r for r in ok if r.headers.get("x-surge-degraded") == "max_tokens=4"]
