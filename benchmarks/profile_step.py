@@ -1,7 +1,8 @@
 """Where one engine step's time goes: scheduler, input prep, model (matmuls, attention, other ops),
-sampler, update. Decode steps of N requests with ~100-token prompts, SmolLM2, bf16.
+sampler, update. Decode steps of N requests with ~100-token prompts, SmolLM2, bf16 by default.
 
-    python benchmarks/profile_step.py [--requests 64] [--steps 20]
+    python benchmarks/profile_step.py [--requests 64] [--steps 20] [--dtype bfloat16]
+        [--quantization int8] [--compile]
 """
 
 from __future__ import annotations
@@ -17,7 +18,18 @@ from surge import LLM, SamplingParams
 from surge.engine.batch import SampledToken, SampledTokens
 from surge.engine.outputs import EngineCoreRequest
 
-MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"}
+MATMUL_OPS = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::matmul",
+    "aten::linear",
+    "aten::_int_mm",
+    "surge::int8_gemv",
+    "mkldnn::_linear_pointwise",
+}
+# The two ends of W8A8 around aten::_int_mm.
+QUANT_OPS = {"surge::quantize_rows", "surge::dequantize_int32"}
 
 
 def main() -> None:
@@ -25,8 +37,16 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--quantization", default="none")
+    ap.add_argument("--compile", action="store_true")
     args = ap.parse_args()
-    llm = LLM("smollm2-135m", dtype=args.dtype)
+    llm = LLM(
+        "smollm2-135m",
+        dtype=args.dtype,
+        quantization=args.quantization,
+        compile=args.compile,
+        max_num_seqs=max(args.requests, 1),
+    )
     eng = llm.engine
     text = "Large language models are served to many users at once by batching requests. " * 8
     params = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
@@ -48,9 +68,13 @@ def main() -> None:
             batch = eng.scheduler.schedule(time.monotonic())
             t1 = time.perf_counter()
             with torch.inference_mode():
-                ids, pos, attn, sample_reqs = eng.runner.prepare(batch)
+                bucket = eng.runner._bucket(batch)
+                ids, pos, attn, sample_reqs = eng.runner.prepare(batch, pad_to=bucket)
                 t2 = time.perf_counter()
-                logits = eng.model(ids, pos, attn)
+                if bucket is None:
+                    logits = eng.model(ids, pos, attn)
+                else:
+                    logits = eng.runner._run_compiled(bucket, ids, pos, attn)[: len(sample_reqs)]
                 t3 = time.perf_counter()
                 rows = [r.sampling for r in sample_reqs if r.sampling is not None]
                 out = eng.runner.sampler(logits, rows)
@@ -65,11 +89,18 @@ def main() -> None:
     for evt in prof.key_averages():
         if evt.key in MATMUL_OPS:
             ops["matmul"] += evt.self_cpu_time_total
+        elif evt.key in QUANT_OPS:
+            ops["quant"] += evt.self_cpu_time_total
         elif evt.key.startswith("aten::"):
             ops["other torch ops"] += evt.self_cpu_time_total
+        elif "CompiledFxGraph" in evt.key:  # inductor's fused kernels, self time
+            ops["compiled"] += evt.self_cpu_time_total
     steps = args.steps
     total = sum(phases.values())
-    print(f"{args.requests} requests decoding, {args.dtype}: {total / steps * 1e3:.1f} ms/step")
+    what = f"{args.dtype}, quantization {args.quantization}" + (
+        ", compiled" if args.compile else ""
+    )
+    print(f"{args.requests} requests decoding, {what}: {total / steps * 1e3:.1f} ms/step")
     for name, dt in phases.items():
         print(f"  {name:10s} {dt / steps * 1e3:7.2f} ms  {dt / total:6.1%}")
     model_ms = phases["model"] / steps * 1e3
@@ -78,7 +109,14 @@ def main() -> None:
     print("  inside the model (profiler self time, includes the sampler's ops):")
     print(f"    matmuls          {matmul_ms:7.2f} ms")
     print(f"    other torch ops  {other_ms:7.2f} ms")
-    rest = model_ms - matmul_ms - other_ms + phases["sampler"] / steps * 1e3
+    quant_ms = ops["quant"] / steps / 1e3
+    compiled_ms = ops["compiled"] / steps / 1e3
+    if quant_ms:
+        print(f"    W8A8 quantize/dequantize {quant_ms:7.2f} ms")
+    if compiled_ms:
+        print(f"    compiled graph (fused kernels) {compiled_ms:7.2f} ms")
+    rest = model_ms - matmul_ms - other_ms - quant_ms - compiled_ms
+    rest += phases["sampler"] / steps * 1e3
     print(f"    attention kernel + Python, by difference: {max(rest, 0):7.2f} ms")
 
 

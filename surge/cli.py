@@ -22,7 +22,25 @@ from surge.server.config import ServerConfig
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=os.environ.get("SURGE_MODEL", "smollm2-135m"))
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: bf16 where the device has native bf16 matmuls, else fp16 (CUDA) or fp32",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: the model's dtype",
+    )
+    g.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "int8", "int8-weight-only", "w8a8"],
+        help="int8 weights (per-channel scales); int8 picks the kernel per batch shape",
+    )
+    g.add_argument("--compile", action="store_true", help="torch.compile the decode step (opt-in)")
     g.add_argument("--device", default="auto")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--block-size", type=int, default=16)
@@ -83,12 +101,15 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             max_model_len=args.max_model_len,
             seed=args.seed,
             use_kernels=not args.no_kernels,
+            quantization=args.quantization,
+            compile=args.compile,
         ),
         cache=CacheConfig(
             block_size=args.block_size,
             kv_cache_memory_gib=args.kv_cache_memory_gib,
             num_blocks=args.num_kv_blocks,
             enable_prefix_caching=not args.no_prefix_caching,
+            kv_cache_dtype=args.kv_cache_dtype,
         ),
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
@@ -124,6 +145,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for p, o in zip(prompts, outs, strict=True):
         print(f"\n>>> {p}\n{o.outputs[0].text.strip()}  [{o.outputs[0].finish_reason}]")
     print(f"\n{len(outs)} requests, {n_out} tokens in {dt:.2f}s ({n_out / dt:.1f} tok/s)")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from surge.engine.model_runner import capability_report
+    from surge.models.resolve import resolve_model
+    from surge.models.weights import open_model
+
+    config = engine_config(args)
+    files = open_model(resolve_model(config.model.model))
+    print(capability_report(config.model, config.cache, files))
     return 0
 
 
@@ -222,6 +254,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--no-chat", dest="chat", action="store_false", help="raw prompts")
     gen.set_defaults(func=cmd_generate)
+
+    info = sub.add_parser(
+        "info", help="device, chosen precision, weight memory, KV capacity, max_num_seqs"
+    )
+    add_engine_args(info)
+    info.set_defaults(func=cmd_info)
 
     srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     add_engine_args(srv)

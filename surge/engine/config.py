@@ -13,10 +13,17 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's own context length
     seed: int = 0  # seeds random requests that carry no seed of their own
     use_kernels: bool = True  # compiled CPU attention kernels (built on first use; torch fallback)
+    # none | int8 (kernel chosen per batch shape) | int8-weight-only | w8a8 (surge/models/quant.py)
+    quantization: str = "none"
+    compile: bool = False  # torch.compile the decode step, batch sizes padded to buckets
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
+        if self.quantization not in ("none", "int8", "int8-weight-only", "w8a8"):
+            raise ValueError(
+                f"quantization must be none|int8|int8-weight-only|w8a8, got {self.quantization!r}"
+            )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
 
@@ -27,8 +34,13 @@ class CacheConfig:
     kv_cache_memory_gib: float = 2.0  # memory budget for the KV block pool
     num_blocks: int | None = None  # exact pool size (overrides the memory budget; used by tests)
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | float32 | bfloat16 | float16
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"kv_cache_dtype must be auto|float32|bfloat16|float16, got {self.kv_cache_dtype!r}"
+            )
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.kv_cache_memory_gib <= 0:

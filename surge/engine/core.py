@@ -12,15 +12,14 @@ import time
 
 from surge.engine.block_manager import BlockManager
 from surge.engine.config import EngineConfig
-from surge.engine.kv_cache import KVCachePlan, allocate_kv_cache, plan_kv_cache
-from surge.engine.model_runner import ModelRunner
+from surge.engine.kv_cache import KVCachePlan
+from surge.engine.model_runner import ModelRunner, load_model
 from surge.engine.outputs import EngineCoreOutput, EngineCoreRequest, EngineStats
 from surge.engine.policies import make_policy
 from surge.engine.request import FinishReason, Request
 from surge.engine.sampler import Sampler
 from surge.engine.scheduler import Scheduler
-from surge.models import build_model
-from surge.models.device import Precision, choose_precision
+from surge.models.device import Precision
 from surge.models.resolve import resolve_model
 from surge.models.weights import ModelFiles, open_model
 
@@ -34,35 +33,24 @@ class EngineCore:
             files = open_model(resolve_model(config.model.model))
         self.files = files
         self.tokenizer = files.tokenizer
-        spec = files.spec
-        self.precision: Precision = choose_precision(config.model.device, config.model.dtype)
-        device, dtype = self.precision.device, self.precision.dtype
+        # Device, dtype, quantization and the KV cache are decided (and logged) in load_model.
+        loaded = load_model(config.model, config.cache, files)
+        self.precision: Precision = loaded.precision
+        self.plan: KVCachePlan = loaded.plan
+        self.model = loaded.model
+        # A request must always fit in the pool, or it would wait forever: the context is capped.
+        self.max_model_len = loaded.max_model_len
         cache = config.cache
-        self.plan: KVCachePlan = plan_kv_cache(
-            spec, dtype, cache.block_size, cache.kv_cache_memory_gib, cache.num_blocks
-        )
-        # A request must always fit in the pool, or it would wait forever: cap the context.
-        max_len = config.model.max_model_len or spec.max_position_embeddings
-        self.max_model_len = min(max_len, self.plan.num_tokens)
-        log.info(
-            "model %s: %s on %s (%s); KV cache %d blocks x %d tokens (%.2f GiB); context %d",
-            files.path.name,
-            dtype,
-            device,
-            self.precision.reason,
-            self.plan.num_blocks,
-            self.plan.block_size,
-            self.plan.total_bytes / (1 << 30),
-            self.max_model_len,
-        )
-        self.model = build_model(
-            spec, files.weights(), device, dtype, max(max_len, spec.max_position_embeddings)
-        )
-        kv_caches = allocate_kv_cache(spec, self.plan, dtype, device)
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
         sampler = Sampler(self.eos_token_ids, seed=config.model.seed)
         self.runner = ModelRunner(
-            self.model, kv_caches, sampler, device, cache.block_size, config.model.use_kernels
+            self.model,
+            loaded.kv_caches,
+            sampler,
+            loaded.precision.device,
+            cache.block_size,
+            config.model.use_kernels,
+            config.model.compile,
         )
         self.blocks = BlockManager(
             self.plan.num_blocks, cache.block_size, cache.enable_prefix_caching

@@ -45,8 +45,11 @@ def plan_kv_cache(
 def allocate_kv_cache(
     spec: ModelSpec, plan: KVCachePlan, dtype: torch.dtype, device: torch.device
 ) -> list[tuple[Tensor, Tensor]]:
-    """Per layer (k, v), each [num_kv_heads, num_blocks, block_size, head_dim], zeroed."""
-    shape = (spec.num_kv_heads, plan.num_blocks, plan.block_size, spec.head_dim)
+    """Per layer (k, v), each [num_kv_heads, num_blocks + 1, block_size, head_dim], zeroed.
+
+    The extra last block belongs to no request: padded rows of a compiled step write there.
+    """
+    shape = (spec.num_kv_heads, plan.num_blocks + 1, plan.block_size, spec.head_dim)
     return [
         (
             torch.zeros(shape, dtype=dtype, device=device),
@@ -54,3 +57,17 @@ def allocate_kv_cache(
         )
         for _ in range(spec.num_layers)
     ]
+
+
+# A request's average context (prompt + output) for the recommendation below, and the cap: on a
+# 2-core CPU a step is compute-bound well before 256 requests (benchmarks/bench_engine.py gains
+# 7% from 64 to 256), and on a GPU a larger batch is a scheduler choice, not a memory one.
+AVERAGE_CONTEXT_TOKENS = 1024
+MAX_RECOMMENDED_SEQS = 256
+
+
+def recommend_max_num_seqs(num_tokens: int, max_model_len: int | None = None) -> int:
+    """Requests that fit in `num_tokens` of KV cache at an average context of 1024 tokens (or
+    the context limit, if shorter), at least 1 and at most 256."""
+    avg = min(AVERAGE_CONTEXT_TOKENS, max_model_len or AVERAGE_CONTEXT_TOKENS)
+    return max(1, min(MAX_RECOMMENDED_SEQS, num_tokens // avg))

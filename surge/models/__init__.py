@@ -9,6 +9,7 @@ from torch import Tensor
 
 from surge.models.layers import RotaryEmbedding
 from surge.models.llama import LlamaForCausalLM
+from surge.models.quant import QUANTIZATIONS, quantize_model
 from surge.models.spec import ModelSpec
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
@@ -20,19 +21,32 @@ def build_model(
     device: torch.device,
     dtype: torch.dtype,
     max_position: int,
+    quantization: str = "none",
+    use_kernels: bool = True,
 ) -> LlamaForCausalLM:
-    """Build the network for `spec` on `device` without a random init, then load `weights`."""
+    """Build the network for `spec` on `device` without a random init, then load `weights`.
+
+    quantization "int8" (and its variants, see `surge.models.quant`) quantizes every linear
+    layer and the embedding from the float32 weights; norms stay in `dtype`.
+    """
     if spec.architecture not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"unsupported architecture {spec.architecture!r}")
     with torch.device("meta"):
         model = LlamaForCausalLM(spec, max_position)
     model.to_empty(device=device)
     model.load_weights(weights)
-    model.to(dtype)
+    if quantization == "none":
+        model.to(dtype)
+    else:
+        # From the float32 weights, before any rounding to dtype; then only the float
+        # parameters left (norms) are cast, so the int8 buffers' float32 scales stay float32.
+        quantize_model(model, quantization, dtype, use_kernels)
+        for param in model.parameters():
+            param.data = param.data.to(dtype)
     # Built after the cast: the cos/sin tables stay float32 (init on meta left them empty anyway).
     model.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling, max_position)
     model.rotary.to(device)
     return model.eval().requires_grad_(False)
 
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "LlamaForCausalLM", "build_model"]
+__all__ = ["QUANTIZATIONS", "SUPPORTED_ARCHITECTURES", "LlamaForCausalLM", "build_model"]

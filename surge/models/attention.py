@@ -43,6 +43,9 @@ class AttnMetadata:
     # Compiled paged decode (q, k_cache, v_cache, block_tables, seq_lens, scale) -> out; None:
     # the torch-ops path (gather blocks, then batched matmuls).
     decode_op: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float], Tensor] | None = None
+    # Compiled (k, v, k_cache, v_cache, slot_mapping) -> None that writes the caches in place;
+    # None: index_copy_ in torch ops.
+    write_kv_op: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None] | None = None
 
 
 def paged_attention(
@@ -55,16 +58,21 @@ def paged_attention(
 ) -> Tensor:  # [num_tokens, num_heads * head_dim]
     k_cache, v_cache = attn.kv_caches[layer]  # [kv_heads, num_blocks, block_size, head_dim]
     num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
-    # Head-major layout: gathering a request's blocks gives a contiguous [kv_heads, L, head_dim].
-    flat_k = k_cache.view(num_kv_heads, num_blocks * block_size, head_dim)
-    flat_v = v_cache.view(num_kv_heads, num_blocks * block_size, head_dim)
-    flat_k.index_copy_(1, attn.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
-    flat_v.index_copy_(1, attn.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
+    if attn.write_kv_op is not None:
+        attn.write_kv_op(k, v, k_cache, v_cache, attn.slot_mapping)
+    else:
+        # Head-major layout: a request's gathered blocks are a contiguous [kv_heads, L, head_dim].
+        flat_k = k_cache.view(num_kv_heads, num_blocks * block_size, head_dim)
+        flat_v = v_cache.view(num_kv_heads, num_blocks * block_size, head_dim)
+        flat_k.index_copy_(1, attn.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
+        flat_v.index_copy_(1, attn.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
 
     num_tokens, num_heads, _ = q.shape
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
-    d = attn.num_decodes
+    # The tensor's size, not the int field: under torch.compile a size can be a dynamic
+    # dimension, where an int would be specialized (a recompile per batch size).
+    d = attn.decode_seq_lens.shape[0]
     if d:
         out[:d] = _decode_attention(q[:d], k_cache, v_cache, attn, scale, group)
     for chunk in attn.prefills:
@@ -89,6 +97,9 @@ def _decode_attention(
     scale: float,
     group: int,
 ) -> Tensor:  # [D, num_heads, head_dim]
+    if q.dtype != k_cache.dtype:  # a KV cache dtype of its own: attend in the cache's dtype
+        out = _decode_attention(q.to(k_cache.dtype), k_cache, v_cache, attn, scale, group)
+        return out.to(q.dtype)
     if attn.decode_op is not None:
         return attn.decode_op(
             q.contiguous(), k_cache, v_cache, attn.decode_block_tables, attn.decode_seq_lens, scale

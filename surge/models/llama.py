@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from surge.models.attention import AttnMetadata, paged_attention
 from surge.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from surge.models.quant import Int8Embedding, Int8Linear
 from surge.models.spec import ModelSpec
 
 
@@ -65,10 +66,10 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, spec: ModelSpec, max_position: int) -> None:
         super().__init__()
         self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens: nn.Module = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.lm_head = (
+        self.lm_head: nn.Module | None = (
             None
             if spec.tie_word_embeddings
             else nn.Linear(spec.hidden_size, spec.vocab_size, False)
@@ -84,9 +85,19 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, positions, self.rotary, attn)
         # The final norm is per row, so only rows that sample need it.
         x = self.norm(x[attn.logits_indices])  # [num_sampled, hidden]
-        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return self.compute_logits(x)
+
+    def compute_logits(self, x: Tensor) -> Tensor:  # [num_sampled, hidden] -> [.., vocab]
         # float32 logits: the sampler works in fp32, and argmax over bf16 is ~2x slower on CPU.
-        return (x @ head.t()).float()
+        if isinstance(self.lm_head, Int8Linear):  # straight to float32: no bf16 pass between
+            return self.lm_head(x, torch.float32)
+        if self.lm_head is not None:
+            return self.lm_head(x).float()
+        embed = self.embed_tokens
+        if isinstance(embed, Int8Embedding):  # tied and quantized: the embedding's int8 rows
+            return embed.head(x, torch.float32)
+        assert isinstance(embed, nn.Embedding)
+        return (x @ embed.weight.t()).float()
 
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Load HF-named tensors, fusing q/k/v and gate/up into the fused projections."""

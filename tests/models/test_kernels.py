@@ -35,6 +35,6 @@ def test_kernel_matches_torch_ops(dtype: torch.dtype, tol: float, head_dim: int)
         decode_op = None
 
     ref = _decode_attention(q, k_cache, v_cache, Meta, 0.125, heads // kv_heads)  # type: ignore[arg-type]
-    got = module.paged_decode(q, k_cache, v_cache, tables, lens, 0.125)
+    got = torch.ops.surge.paged_decode(q, k_cache, v_cache, tables, lens, 0.125)
     assert got.dtype == dtype
     assert (got.float() - ref.float()).abs().max().item() < tol

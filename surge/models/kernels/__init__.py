@@ -17,25 +17,90 @@ _HERE = Path(__file__).parent
 _cache: dict[str, ModuleType | None] = {}
 
 
-def load_paged_decode(build_dir: Path | None = None) -> ModuleType | None:
-    """The compiled paged-decode module, or None when it cannot be built here."""
-    if "paged_decode" in _cache:
-        return _cache["paged_decode"]
+def _load(name: str, build_dir: Path | None) -> ModuleType | None:
+    if name in _cache:
+        return _cache[name]
     module: ModuleType | None = None
     try:
         from torch.utils.cpp_extension import load
 
-        build = build_dir or Path.home() / ".cache" / "surge" / "kernels"
+        # One folder per kernel: the loader writes its build.ninja there.
+        build = (build_dir or Path.home() / ".cache" / "surge" / "kernels") / name
         build.mkdir(parents=True, exist_ok=True)
         module = load(
-            name="surge_paged_decode",
-            sources=[str(_HERE / "paged_decode.cpp")],
+            name=f"surge_{name}",
+            sources=[str(_HERE / f"{name}.cpp")],
             extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(build),
             verbose=bool(os.environ.get("SURGE_VERBOSE_BUILD")),
         )
     except Exception as e:  # any build problem: use the torch fallback
-        log.warning("compiled paged decode unavailable, using torch ops: %s", e)
-    _cache["paged_decode"] = module
+        log.warning("compiled kernel %s unavailable, using torch ops: %s", name, e)
+    _cache[name] = module
+    if module is not None:
+        _register_fakes()
     return module
+
+
+def load_paged_decode(build_dir: Path | None = None) -> ModuleType | None:
+    """The compiled paged-decode module, or None when it cannot be built here."""
+    return _load("paged_decode", build_dir)
+
+
+def load_int8_linear(build_dir: Path | None = None) -> ModuleType | None:
+    """The compiled int8 linear helpers (GEMV, row quantization, int32 dequant), or None."""
+    return _load("int8_linear", build_dir)
+
+
+def _register_fakes() -> None:
+    """Shape-only versions of the ops, so torch.compile can trace a graph through them."""
+    import torch
+
+    def fake_int8_gemv(
+        x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], w.shape[0]))
+
+    def fake_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = x.shape[0]
+        return (
+            x.new_empty(x.shape, dtype=torch.int8),
+            x.new_empty(rows, dtype=torch.float32),
+            x.new_empty(rows, dtype=torch.int32),
+        )
+
+    def fake_dequantize_int32(
+        acc: torch.Tensor,
+        sx: torch.Tensor,
+        zx: torch.Tensor,
+        sw: torch.Tensor,
+        wsum: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        return acc.new_empty(acc.shape, dtype=dtype)
+
+    def fake_paged_decode(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        return torch.empty_like(q)
+
+    fakes = {
+        "surge::int8_gemv": fake_int8_gemv,
+        "surge::quantize_rows": fake_quantize_rows,
+        "surge::dequantize_int32": fake_dequantize_int32,
+        "surge::paged_decode": fake_paged_decode,
+    }
+    for name, fn in fakes.items():
+        if hasattr(torch.ops.surge, name.split("::")[1]) and name not in _faked:
+            torch.library.register_fake(name)(fn)
+            _faked.add(name)
+
+
+_faked: set[str] = set()

@@ -1,0 +1,227 @@
+"""int8 weights with one scale per output channel, and the kernel chosen per batch shape.
+
+    weight [N, K] float  ->  q [N, K] int8, scale [N] float32:  weight ~= q * scale[:, None]
+
+Which matmul runs depends on M, the rows of the activation (tokens in the step):
+
+    M <= gemv_max_rows   weight-only GEMV: each int8 weight read once, widened to float32 and
+                         multiplied into every row (compiled kernel on CPU). M = 1 is bound by
+                         memory bandwidth, and int8 is 1/2 of bf16's bytes and 1/4 of fp32's.
+    larger M, "int8"     W8A8: activations quantized per row (dynamic, with a zero point), then an
+                         int8 x int8 -> int32 GEMM (torch._int_mm: VNNI/AMX on CPU, IMMA on CUDA),
+                         scaled back by scale_x[m] * scale_w[n] after subtracting
+                         zero_x[m] * sum_k q[n, k]. Compute-bound shapes gain ~1.5-2x.
+    larger M, "int8-weight-only"   the weight dequantized to the activation dtype, then a float
+                         GEMM: no activation rounding, for accuracy comparisons.
+
+"w8a8" takes the W8A8 path at every M.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from surge.models.kernels import load_int8_linear
+from surge.models.spec import ModelSpec
+
+QUANTIZATIONS = ("none", "int8", "int8-weight-only", "w8a8")
+# Measured on a 2-core AVX512-VNNI CPU (benchmarks/bench_precision.py --kernels): the GEMV beats
+# quantize + _int_mm + dequantize up to 8 rows at SmolLM2's shapes.
+GEMV_MAX_ROWS = 8
+# torch._int_mm on CUDA wants more than 16 rows and dimensions that are multiples of 8.
+_CUDA_INT_MM_MIN_ROWS = 17
+
+
+def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """[N, K] float -> (int8 [N, K], float32 scales [N]); symmetric, round to nearest."""
+    w = weight.float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    return (q.float() * scale[:, None]).to(dtype)
+
+
+def quantize_rows_ref(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row dynamic asymmetric quantization in torch ops (the compiled kernel's reference):
+    x [M, K] -> (int8 q, float32 scale [M], int32 zero [M]), x ~= scale * (q - zero). The range
+    includes 0, so zero stays in [-128, 127]."""
+    xf = x.float()
+    lo = xf.amin(dim=1).clamp(max=0)
+    hi = xf.amax(dim=1).clamp(min=0)
+    scale = torch.where(hi > lo, (hi - lo) / 255.0, torch.ones_like(hi))
+    zero = torch.round(-lo / scale) - 128
+    q = (torch.round(xf / scale[:, None]) + zero[:, None]).clamp_(-128, 127).to(torch.int8)
+    return q, scale, zero.to(torch.int32)
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with int8 weights; `mode` picks the kernel per M (see the module doc)."""
+
+    weight: Tensor  # [out_features, in_features] int8
+    scale: Tensor  # [out_features] float32
+    wsum: Tensor  # [out_features] int32: sum of each row of `weight`, for W8A8's zero points
+    bias: Tensor | None
+
+    def __init__(
+        self,
+        q: Tensor,
+        scale: Tensor,
+        bias: Tensor | None = None,
+        mode: str = "int8",
+        kernels: bool = False,
+    ) -> None:
+        super().__init__()
+        if mode not in QUANTIZATIONS[1:]:
+            raise ValueError(f"unknown int8 mode {mode!r}")
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("weight", q.contiguous())
+        self.register_buffer("scale", scale.float().contiguous())
+        self.register_buffer("wsum", q.sum(dim=1, dtype=torch.int32))
+        self.register_buffer("bias", None if bias is None else bias.float())
+        self.mode = mode
+        # Compiled CPU helpers loaded (torch.ops.surge.*); else (CUDA, no toolchain) torch ops.
+        self.kernels = kernels
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, mode: str = "int8", kernels: bool = False) -> Int8Linear:
+        q, scale = quantize_int8(linear.weight.detach())
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(q, scale, bias, mode, kernels)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.mode}"
+
+    def path(self, rows: int) -> str:
+        """The kernel that runs for `rows` activation rows: "gemv", "w8a8" or "dequant"."""
+        if self.mode == "w8a8" and self._int_mm_ok(rows):
+            return "w8a8"
+        if rows <= GEMV_MAX_ROWS:
+            return "gemv"
+        if self.mode == "int8" and self._int_mm_ok(rows):
+            return "w8a8"
+        return "dequant"
+
+    def _int_mm_ok(self, rows: int) -> bool:
+        if self.weight.device.type == "cuda":
+            return rows >= _CUDA_INT_MM_MIN_ROWS and self.in_features % 8 == 0
+        return True
+
+    def forward(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+        """[M, in] -> [M, out] in `out_dtype` (default: x's dtype)."""
+        dtype = out_dtype or x.dtype
+        path = self.path(x.shape[0])
+        if path == "gemv":
+            return self.gemv(x).to(dtype)
+        if path == "w8a8":
+            return self.w8a8(x, dtype)
+        w = dequantize_int8(self.weight, self.scale, x.dtype)
+        return F.linear(x, w, self._bias(x)).to(dtype)
+
+    def gemv(self, x: Tensor) -> Tensor:
+        if self.kernels:
+            out: Tensor = torch.ops.surge.int8_gemv(x, self.weight, self.scale, self.bias)
+            return out
+        # int8 -> x.dtype cast of the weight costs one pass over it: fine for the fallback.
+        out = F.linear(x, self.weight.to(x.dtype)) * self.scale.to(x.dtype)
+        return out if self.bias is None else out + self.bias.to(x.dtype)
+
+    def w8a8(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+        dtype = out_dtype or x.dtype
+        # Traced by torch.compile, the torch-ops spelling is better: inductor fuses the
+        # quantization into the kernel that made x (a norm, SiLU) and the epilogue into the one
+        # that uses the output, where the compiled ops would be two passes of their own.
+        if self.kernels and not torch.compiler.is_compiling():
+            xq, sx, zx = torch.ops.surge.quantize_rows(x)
+            acc = torch._int_mm(xq, self.weight.t())
+            out: Tensor = torch.ops.surge.dequantize_int32(
+                acc, sx, zx, self.scale, self.wsum, self.bias, dtype
+            )
+            return out
+        xq, sx, zx = quantize_rows_ref(x)
+        acc = torch._int_mm(xq, self.weight.t())  # [M, N] int32
+        acc = acc - zx[:, None] * self.wsum
+        y = acc.float() * sx[:, None] * self.scale
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(dtype)
+
+    def _bias(self, x: Tensor) -> Tensor | None:
+        return None if self.bias is None else self.bias.to(x.dtype)
+
+
+class Int8Embedding(nn.Module):
+    """Token embedding stored as int8 rows with per-row scales; a lookup dequantizes its rows.
+
+    With tied embeddings the same int8 matrix is the LM head: row v of the embedding is output
+    channel v of the head, so one per-row scale serves both and the weights are stored once.
+    """
+
+    def __init__(self, head: Int8Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.head = head  # its weight and scale are the embedding's rows and row scales
+        self.dtype = dtype
+
+    @classmethod
+    def from_float(
+        cls, embedding: nn.Embedding, dtype: torch.dtype, mode: str, kernels: bool
+    ) -> Int8Embedding:
+        q, scale = quantize_int8(embedding.weight.detach())
+        return cls(Int8Linear(q, scale, None, mode, kernels), dtype)
+
+    def forward(self, ids: Tensor) -> Tensor:  # [num_tokens] -> [num_tokens, hidden]
+        rows = self.head.weight.index_select(0, ids).to(torch.float32)
+        return (rows * self.head.scale.index_select(0, ids)[:, None]).to(self.dtype)
+
+
+def quantize_model(model: nn.Module, mode: str, dtype: torch.dtype, use_kernels: bool) -> None:
+    """Replace every nn.Linear and the token embedding of `model` with int8 versions, in place.
+
+    Norm weights and the rotary tables stay in their float dtypes (a few KB per layer).
+    """
+    if mode not in QUANTIZATIONS[1:]:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {mode!r}")
+    device = next(model.parameters()).device
+    kernels = use_kernels and device.type == "cpu" and load_int8_linear() is not None
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, Int8Linear.from_float(child, mode, kernels))
+            elif isinstance(child, nn.Embedding):
+                setattr(parent, name, Int8Embedding.from_float(child, dtype, mode, kernels))
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the state dict (weights, scales; not the rotary tables), shared tensors once."""
+    seen: set[int] = set()
+    total = 0
+    for t in model.state_dict(keep_vars=True).values():
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def estimate_weight_bytes(spec: ModelSpec, dtype: torch.dtype, quantization: str = "none") -> int:
+    """What `weight_bytes` of the built model will be, from the spec alone (no weights read)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    h, inter = spec.hidden_size, spec.intermediate_size
+    q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    qkv = q_size + 2 * kv_size
+    # (in_features, out_features) of every matrix; the embedding is (hidden, vocab) row-wise.
+    matrices = [(h, qkv), (q_size, h), (h, 2 * inter), (inter, h)] * spec.num_layers
+    matrices.append((h, spec.vocab_size))
+    if not spec.tie_word_embeddings:
+        matrices.append((h, spec.vocab_size))
+    norms = (2 * spec.num_layers + 1) * h * elem
+    biases = spec.num_layers * qkv if spec.attention_bias else 0
+    if quantization == "none":
+        return sum(k * n for k, n in matrices) * elem + norms + biases * elem
+    # int8 weights; per output channel (row) a float32 scale and an int32 row sum; float32 biases.
+    return sum(k * n + 8 * n for k, n in matrices) + norms + 4 * biases
