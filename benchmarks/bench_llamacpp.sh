@@ -8,6 +8,9 @@
 # tokens, exact with SmolLM2's tokenizer), results as JSON in bench-results/llamacpp/.
 #
 #   bash benchmarks/bench_llamacpp.sh [concurrency levels, default "1,8,32,64,128"]
+#
+# SURGE_ARGS adds `surge serve` flags (e.g. "--quantization int8"), SURGE_LABEL names its result
+# file (default "surge"), SKIP_LLAMACPP=1 runs Surge alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LEVELS="${1:-1,8,32,64,128}"
@@ -38,6 +41,7 @@ Q40="$WORK/SmolLM2-135M-Instruct.Q4_0.gguf"
 [ -f "$Q40" ] || "$WORK/build/bin/llama-quantize" --allow-requantize "$GGUF" "$Q40" Q4_0 > "$WORK/quantize.log" 2>&1
 
 PORT=18081
+if [ "${SKIP_LLAMACPP:-0}" != 1 ]; then
 "$WORK/build/bin/llama-server" -m "$Q40" --host 127.0.0.1 --port $PORT -np "$MAXC" --no-kv-unified \
   -c $((MAXC * 320)) -t "$(nproc)" --cont-batching > "$WORK/server.log" 2>&1 &
 LPID=$!
@@ -45,11 +49,13 @@ trap 'kill $LPID 2>/dev/null || true' EXIT
 for _ in $(seq 120); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
 sweep "http://127.0.0.1:$PORT" llama.cpp
 kill $LPID; wait $LPID 2>/dev/null || true
+fi
 
 PORT=18082
-$PY -m surge.cli serve --model "$GGUF" --port $PORT --served-model-name default > "$WORK/surge.log" 2>&1 &
+$PY -m surge.cli serve --model "$GGUF" --port $PORT --served-model-name default \
+  --max-num-seqs "$MAXC" ${SURGE_ARGS:-} > "$WORK/surge.log" 2>&1 &
 SPID=$!
 trap 'kill $SPID 2>/dev/null || true' EXIT
-for _ in $(seq 300); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
-sweep "http://127.0.0.1:$PORT" surge
+for _ in $(seq 1200); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
+sweep "http://127.0.0.1:$PORT" "${SURGE_LABEL:-surge}"
 kill -TERM $SPID; wait $SPID 2>/dev/null || true

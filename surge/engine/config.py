@@ -16,6 +16,8 @@ class ModelConfig:
     # none | int8 (kernel chosen per batch shape) | int8-weight-only | w8a8 (surge/models/quant.py)
     quantization: str = "none"
     compile: bool = False  # torch.compile the decode step, batch sizes padded to buckets
+    # With compile: build every decode graph at start, so no live request waits for a compile.
+    compile_warmup: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

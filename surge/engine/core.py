@@ -52,6 +52,8 @@ class EngineCore:
             config.model.use_kernels,
             config.model.compile,
         )
+        if config.model.compile and config.model.compile_warmup:
+            log.info("compiled decode graphs ready in %.1f s", self.runner.warm_up())
         self.blocks = BlockManager(
             self.plan.num_blocks, cache.block_size, cache.enable_prefix_caching
         )

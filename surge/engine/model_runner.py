@@ -169,6 +169,20 @@ class ModelRunner:
             )
         return SampledTokens(tokens)
 
+    @torch.inference_mode()
+    def warm_up(self) -> float:
+        """Compile every decode graph now, on padding rows alone (they read and write only the
+        scratch block), so that no request stalls for a compile; returns the seconds spent."""
+        if self._compiled is None:
+            return 0.0
+        t0 = time.perf_counter()
+        empty = SchedulerOutput((), 0)
+        # One row past the last bucket is the dynamic graph's first size.
+        for rows in (*COMPILE_BUCKETS, COMPILE_BUCKETS[-1] + 1):
+            ids, positions, attn, _ = self.prepare(empty, pad_to=rows)
+            self._run_compiled(rows, ids, positions, attn)
+        return time.perf_counter() - t0
+
     def _bucket(self, batch: SchedulerOutput) -> int | None:
         """The row count a pure-decode step runs compiled at (padded up to a bucket, or as it is
         in the dynamic graph's range); None: run eagerly."""

@@ -94,11 +94,33 @@ def test_compile_matches_eager(tiny_model_dir: Path, quantization: str, num_prom
     prompts = [text[: 10 + 5 * i] for i in range(num_prompts)]
     kw = {"dtype": "float32", "num_blocks": 64, "quantization": quantization}
     eager = LLM(str(tiny_model_dir), **kw)  # type: ignore[arg-type]
-    compiled = LLM(str(tiny_model_dir), compile=True, **kw)  # type: ignore[arg-type]
+    # Without the warm-up: each graph is compiled when a step first needs it.
+    compiled = LLM(str(tiny_model_dir), compile=True, compile_warmup=False, **kw)  # type: ignore[arg-type]
     ref = [o.outputs[0].token_ids for o in eager.generate(prompts, GREEDY, use_tqdm=False)]
     got = [o.outputs[0].token_ids for o in compiled.generate(prompts, GREEDY, use_tqdm=False)]
     assert got == ref
     assert compiled.engine.runner._compiled_buckets == ({4} if num_prompts == 3 else {0})
+
+
+@pytest.mark.slow
+def test_compile_warmup_builds_every_graph_before_a_request(tiny_model_dir: Path) -> None:
+    """With the warm-up (the default) every graph exists once the engine is built, on padding
+    rows that touch only the scratch block: requests then compile nothing and get eager's
+    tokens, at a bucket size (2 -> 2) and in the dynamic graph (12)."""
+    from torch._dynamo.utils import counters
+
+    kw = {"dtype": "float32", "num_blocks": 64}
+    compiled = LLM(str(tiny_model_dir), compile=True, **kw)  # type: ignore[arg-type]
+    assert compiled.engine.runner._compiled_buckets == {1, 2, 4, 8, 0}
+    eager = LLM(str(tiny_model_dir), **kw)  # type: ignore[arg-type]
+    text = "the quick brown fox jumps over a lazy dog while one two three four"
+    graphs = counters["stats"]["unique_graphs"]
+    for n in (2, 12):
+        prompts = [text[: 10 + 4 * i] for i in range(n)]
+        ref = [o.outputs[0].token_ids for o in eager.generate(prompts, GREEDY, use_tqdm=False)]
+        got = [o.outputs[0].token_ids for o in compiled.generate(prompts, GREEDY, use_tqdm=False)]
+        assert got == ref
+    assert counters["stats"]["unique_graphs"] == graphs  # no compile after the warm-up
 
 
 def test_info_reports_capacity(smollm2_gguf_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
