@@ -68,13 +68,10 @@ def main() -> None:
             batch = eng.scheduler.schedule(time.monotonic())
             t1 = time.perf_counter()
             with torch.inference_mode():
-                bucket = eng.runner._bucket(batch)
+                bucket = eng.runner.bucket_for(batch)
                 ids, pos, attn, sample_reqs = eng.runner.prepare(batch, pad_to=bucket)
                 t2 = time.perf_counter()
-                if bucket is None:
-                    logits = eng.model(ids, pos, attn)
-                else:
-                    logits = eng.runner._run_compiled(bucket, ids, pos, attn)[: len(sample_reqs)]
+                logits = eng.runner.forward(bucket, ids, pos, attn)[: len(sample_reqs)]
                 t3 = time.perf_counter()
                 rows = [r.sampling for r in sample_reqs if r.sampling is not None]
                 out = eng.runner.sampler(logits, rows)

@@ -149,7 +149,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from surge.engine.model_runner import capability_report
+    from surge.engine.loader import capability_report
     from surge.models.resolve import resolve_model
     from surge.models.weights import open_model
 

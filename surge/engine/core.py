@@ -13,7 +13,8 @@ import time
 from surge.engine.block_manager import BlockManager
 from surge.engine.config import EngineConfig
 from surge.engine.kv_cache import KVCachePlan
-from surge.engine.model_runner import ModelRunner, load_model
+from surge.engine.loader import load_model
+from surge.engine.model_runner import ModelRunner
 from surge.engine.outputs import EngineCoreOutput, EngineCoreRequest, EngineStats
 from surge.engine.policies import make_policy
 from surge.engine.request import FinishReason, Request

@@ -1,8 +1,5 @@
-"""Turns a SchedulerOutput into tensors, runs the model, samples.
-
-`load_model` is where precision, quantization and the KV cache are decided from the configs and
-the device (and reported); `ModelRunner` runs steps, eagerly or through torch.compile.
-"""
+"""Turns a SchedulerOutput into tensors, runs the model (eagerly or through torch.compile),
+samples."""
 
 from __future__ import annotations
 
@@ -10,29 +7,16 @@ import bisect
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from surge.engine.batch import SampledToken, SampledTokens, ScheduledRequest, SchedulerOutput
-from surge.engine.config import CacheConfig, ModelConfig
-from surge.engine.kv_cache import (
-    AVERAGE_CONTEXT_TOKENS,
-    MAX_RECOMMENDED_SEQS,
-    KVCachePlan,
-    allocate_kv_cache,
-    plan_kv_cache,
-    recommend_max_num_seqs,
-)
 from surge.engine.sampler import Sampler, SamplingRow
-from surge.models import build_model
 from surge.models.attention import AttnMetadata, PrefillChunk
-from surge.models.device import DTYPE_NAMES, Precision, choose_kv_dtype, choose_precision, describe
 from surge.models.kernels import load_int8_linear, load_paged_decode
 from surge.models.llama import LlamaForCausalLM
-from surge.models.quant import GEMV_MAX_ROWS, estimate_weight_bytes, weight_bytes
-from surge.models.weights import ModelFiles
+from surge.models.quant import GEMV_MAX_ROWS
 
 log = logging.getLogger(__name__)
 
@@ -43,76 +27,9 @@ log = logging.getLogger(__name__)
 COMPILE_BUCKETS = (1, 2, 4, 8)
 MAX_COMPILED_SEQS = 512
 DYNAMIC = 0  # the "bucket" of the dynamic graph
+DYNAMIC_MIN = COMPILE_BUCKETS[-1] + 1  # its smallest batch
 # The dynamic graph must not straddle int8's switch from GEMV to W8A8 (a branch on its size).
 assert COMPILE_BUCKETS[-1] >= GEMV_MAX_ROWS
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedModel:
-    """The model on its device with its KV cache, and what was decided to get there."""
-
-    model: LlamaForCausalLM
-    precision: Precision
-    kv_dtype: torch.dtype
-    plan: KVCachePlan
-    kv_caches: list[tuple[Tensor, Tensor]]
-    max_model_len: int  # the configured context, capped so one request always fits the pool
-    weight_bytes: int
-
-
-def load_model(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: ModelFiles) -> LoadedModel:
-    """Choose dtype and KV dtype for the device, build and quantize the model, size and allocate
-    the KV cache, and log what was chosen and why."""
-    spec = files.spec
-    precision = choose_precision(model_cfg.device, model_cfg.dtype)
-    device, dtype = precision.device, precision.dtype
-    kv_dtype, kv_reason = choose_kv_dtype(cache_cfg.kv_cache_dtype, dtype)
-    plan = plan_kv_cache(
-        spec, kv_dtype, cache_cfg.block_size, cache_cfg.kv_cache_memory_gib, cache_cfg.num_blocks
-    )
-    max_len = model_cfg.max_model_len or spec.max_position_embeddings
-    t0 = time.perf_counter()
-    model = build_model(
-        spec,
-        files.weights(),
-        device,
-        dtype,
-        max(max_len, spec.max_position_embeddings),
-        quantization=model_cfg.quantization,
-        use_kernels=model_cfg.use_kernels,
-    )
-    nbytes = weight_bytes(model)
-    if precision.caps is not None:
-        log.info("device %s", describe(precision.caps))
-    log.info(
-        "model %s: %s (%s); quantization %s; weights %.1f MiB, loaded in %.1f s",
-        files.path.name,
-        DTYPE_NAMES.get(dtype, str(dtype)),
-        precision.reason,
-        model_cfg.quantization,
-        nbytes / (1 << 20),
-        time.perf_counter() - t0,
-    )
-    max_model_len = min(max_len, plan.num_tokens)
-    log.info(
-        "KV cache %s (%s): %d blocks x %d tokens = %d tokens (%.2f GiB); context %d",
-        DTYPE_NAMES.get(kv_dtype, str(kv_dtype)),
-        kv_reason,
-        plan.num_blocks,
-        plan.block_size,
-        plan.num_tokens,
-        plan.total_bytes / (1 << 30),
-        max_model_len,
-    )
-    return LoadedModel(
-        model=model,
-        precision=precision,
-        kv_dtype=kv_dtype,
-        plan=plan,
-        kv_caches=allocate_kv_cache(spec, plan, kv_dtype, device),
-        max_model_len=max_model_len,
-        weight_bytes=nbytes,
-    )
 
 
 class ModelRunner:
@@ -153,12 +70,9 @@ class ModelRunner:
     def run(self, batch: SchedulerOutput) -> SampledTokens:
         if batch.is_empty:
             return SampledTokens({})
-        bucket = self._bucket(batch)
+        bucket = self.bucket_for(batch)
         input_ids, positions, attn, sample_reqs = self.prepare(batch, pad_to=bucket)
-        if bucket is not None:
-            logits = self._run_compiled(bucket, input_ids, positions, attn)[: len(sample_reqs)]
-        else:
-            logits = self.model(input_ids, positions, attn)  # [num_sampled, vocab]
+        logits = self.forward(bucket, input_ids, positions, attn)[: len(sample_reqs)]
         rows: list[SamplingRow] = [r.sampling for r in sample_reqs if r.sampling is not None]
         out = self.sampler(logits, rows)
         tokens: dict[str, SampledToken] = {}
@@ -177,13 +91,20 @@ class ModelRunner:
             return 0.0
         t0 = time.perf_counter()
         empty = SchedulerOutput((), 0)
-        # One row past the last bucket is the dynamic graph's first size.
-        for rows in (*COMPILE_BUCKETS, COMPILE_BUCKETS[-1] + 1):
+        for rows in (*COMPILE_BUCKETS, DYNAMIC_MIN):
             ids, positions, attn, _ = self.prepare(empty, pad_to=rows)
             self._run_compiled(rows, ids, positions, attn)
         return time.perf_counter() - t0
 
-    def _bucket(self, batch: SchedulerOutput) -> int | None:
+    def forward(
+        self, bucket: int | None, ids: Tensor, positions: Tensor, attn: AttnMetadata
+    ) -> Tensor:  # [rows of logits_indices, vocab]; padded rows last
+        """The model on prepared step tensors: compiled at `bucket`, or eagerly if None."""
+        if bucket is None:
+            return self.model(ids, positions, attn)
+        return self._run_compiled(bucket, ids, positions, attn)
+
+    def bucket_for(self, batch: SchedulerOutput) -> int | None:
         """The row count a pure-decode step runs compiled at (padded up to a bucket, or as it is
         in the dynamic graph's range); None: run eagerly."""
         n = len(batch.requests)
@@ -205,13 +126,12 @@ class ModelRunner:
         if key == DYNAMIC:
             # Every per-request tensor: the batch dimension, in the range that never takes the
             # GEMV (so the graph holds no branch on it).
-            lo, hi = COMPILE_BUCKETS[-1] + 1, MAX_COMPILED_SEQS
             rows = [ids, positions, attn.slot_mapping, attn.logits_indices]
             rows += [attn.decode_block_tables, attn.decode_seq_lens]
             if attn.decode_bias.numel():
                 rows.append(attn.decode_bias)
             for t in rows:
-                torch._dynamo.mark_dynamic(t, 0, min=lo, max=hi)
+                torch._dynamo.mark_dynamic(t, 0, min=DYNAMIC_MIN, max=MAX_COMPILED_SEQS)
         if key in self._compiled_buckets:
             # Every step of a bucket passes the same structure (the same model, caches and
             # ops; only tensor contents and the table width change), so the guards that pick
@@ -234,7 +154,7 @@ class ModelRunner:
             self._compiled = None
             return self.model(ids, positions, attn)
         self._compiled_buckets.add(key)
-        what = f"{key}" if key != DYNAMIC else f"{COMPILE_BUCKETS[-1] + 1}-{MAX_COMPILED_SEQS}"
+        what = f"{key}" if key != DYNAMIC else f"{DYNAMIC_MIN}-{MAX_COMPILED_SEQS}"
         log.info("compiled decode step for %s requests in %.1f s", what, time.perf_counter() - t0)
         return logits
 
@@ -320,7 +240,6 @@ class ModelRunner:
 
         attn = AttnMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            num_decodes=len(tables_list),
             decode_block_tables=decode_tables,
             decode_seq_lens=seq_lens,
             decode_bias=decode_bias,
@@ -333,49 +252,3 @@ class ModelRunner:
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos_t = torch.tensor(positions, dtype=torch.long, device=dev)
         return ids, pos_t, attn, sample_reqs
-
-
-def capability_report(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: ModelFiles) -> str:
-    """What `load_model` would choose here, and what it buys, without reading the weights:
-    `surge info`."""
-    spec = files.spec
-    precision = choose_precision(model_cfg.device, model_cfg.dtype)
-    dtype = precision.dtype
-    kv_dtype, kv_reason = choose_kv_dtype(cache_cfg.kv_cache_dtype, dtype)
-    plan = plan_kv_cache(
-        spec, kv_dtype, cache_cfg.block_size, cache_cfg.kv_cache_memory_gib, cache_cfg.num_blocks
-    )
-    max_len = min(model_cfg.max_model_len or spec.max_position_embeddings, plan.num_tokens)
-    mib = 1 << 20
-
-    def weights(dt: torch.dtype, quantization: str = "none") -> str:
-        return f"{estimate_weight_bytes(spec, dt, quantization) / mib:.1f} MiB"
-
-    caps = precision.caps
-    per_token = plan.bytes_per_block // plan.block_size
-    lines = [
-        f"device        {describe(caps) if caps else precision.device}",
-        f"dtype         {DTYPE_NAMES[dtype]} ({precision.reason})",
-        f"quantization  {model_cfg.quantization}",
-        f"model         {files.path.name}: {spec.architecture}, {spec.num_layers} layers, "
-        f"hidden {spec.hidden_size}, vocab {spec.vocab_size}",
-        f"weights       {weights(dtype, model_cfg.quantization)} "
-        f"(float32 {weights(torch.float32)}, bfloat16 {weights(torch.bfloat16)}, "
-        f"int8 {weights(dtype, 'int8')})",
-        f"KV cache      {DTYPE_NAMES[kv_dtype]} ({kv_reason}), {per_token / 1024:.1f} KiB/token",
-        f"KV capacity   {plan.total_bytes / (1 << 30):.2f} GiB -> {plan.num_tokens:,} tokens "
-        f"({plan.num_blocks:,} blocks of {plan.block_size}); context {max_len:,}",
-        f"max_num_seqs  recommended {recommend_max_num_seqs(plan.num_tokens, max_len)} "
-        f"(KV tokens / {AVERAGE_CONTEXT_TOKENS}-token average context, at most "
-        f"{MAX_RECOMMENDED_SEQS})",
-        "",
-        f"{'KV memory':>10} {'tokens':>10} {'seqs@512':>9} {'seqs@2048':>10} {'max_num_seqs':>13}",
-    ]
-    budgets = sorted({0.5, 1.0, 2.0, 4.0, 8.0, cache_cfg.kv_cache_memory_gib})
-    for gib in budgets:
-        tokens = int(gib * (1 << 30)) // plan.bytes_per_block * plan.block_size
-        rec = recommend_max_num_seqs(tokens, max_len)
-        lines.append(
-            f"{gib:>6.1f} GiB {tokens:>10,} {tokens // 512:>9,} {tokens // 2048:>10,} {rec:>13}"
-        )
-    return "\n".join(lines)

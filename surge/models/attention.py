@@ -32,7 +32,6 @@ class AttnMetadata:
     """Everything attention needs for one step, passed explicitly (no global context)."""
 
     slot_mapping: Tensor  # [num_tokens] long: cache slot (block_id * block_size + offset) per token
-    num_decodes: int  # the first num_decodes tokens are decodes, one per request
     decode_block_tables: Tensor  # [num_decodes, max_blocks] long, padded with block 0
     decode_seq_lens: Tensor  # [num_decodes] long: tokens in cache incl. this step's token
     # [num_decodes, 1, max_blocks * block_size] float: 0 attend, -inf not (torch-ops path only)
@@ -46,6 +45,13 @@ class AttnMetadata:
     # Compiled (k, v, k_cache, v_cache, slot_mapping) -> None that writes the caches in place;
     # None: index_copy_ in torch ops.
     write_kv_op: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None] | None = None
+
+    @property
+    def num_decodes(self) -> int:
+        """The first num_decodes tokens are decodes, one per request. A tensor's size: under
+        torch.compile it can be a dynamic dimension, where an int field would be specialized
+        (a recompile per batch size)."""
+        return self.decode_seq_lens.shape[0]
 
 
 def paged_attention(
@@ -70,9 +76,7 @@ def paged_attention(
     num_tokens, num_heads, _ = q.shape
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
-    # The tensor's size, not the int field: under torch.compile a size can be a dynamic
-    # dimension, where an int would be specialized (a recompile per batch size).
-    d = attn.decode_seq_lens.shape[0]
+    d = attn.num_decodes
     if d:
         out[:d] = _decode_attention(q[:d], k_cache, v_cache, attn, scale, group)
     for chunk in attn.prefills:

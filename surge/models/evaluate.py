@@ -48,7 +48,6 @@ def score(
         rows = end - start
         attn = AttnMetadata(
             slot_mapping=torch.arange(start, end, device=device),  # blocks in order: slot = pos
-            num_decodes=0,
             decode_block_tables=torch.zeros((0, 1), dtype=torch.long, device=device),
             decode_seq_lens=torch.zeros(0, dtype=torch.long, device=device),
             decode_bias=torch.zeros((0, 1, block_size), device=device),

@@ -166,7 +166,6 @@ def test_max_logit_difference(
             ref = hf_model(ids.unsqueeze(0)).logits[0]  # type: ignore[operator]
             attn = AttnMetadata(
                 slot_mapping=torch.arange(n),
-                num_decodes=0,
                 decode_block_tables=torch.zeros((0, 1), dtype=torch.long),
                 decode_seq_lens=torch.zeros(0, dtype=torch.long),
                 decode_bias=torch.zeros((0, 1, 1)),
