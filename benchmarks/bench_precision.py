@@ -37,6 +37,7 @@ from surge.models.evaluate import perplexity, score, token_logprobs
 from surge.models.quant import Int8Linear, quantize_int8, weight_bytes
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+DECODE_ROWS = 8  # rows per chunk that take the decode kernels (GEMV_MAX_ROWS)
 DEFAULT_CONFIGS = "float32,bfloat16,bfloat16+compile,int8,int8+compile"
 
 
@@ -142,7 +143,7 @@ def run_accuracy(
     params = SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
     results: dict[str, dict[str, float]] = {}
     ref_outs: list[RequestOutput] | None = None
-    ref_ppl = 0.0
+    ref_ppl = ref_ppl8 = 0.0
     for cfg in [Config("float32", "float32", "none", False), *configs]:
         if cfg.name in results:
             continue
@@ -151,6 +152,8 @@ def run_accuracy(
             text_ids = llm.tokenizer.encode((DATA / "pride_and_prejudice_ch1.txt").read_text())
         model = llm.engine.model
         ppl = perplexity(token_logprobs(model, text_ids))
+        # Chunks of 8 rows: the kernels of a decode step (GEMV, q4), not the prefill's GEMMs.
+        ppl8 = perplexity(token_logprobs(model, text_ids, chunk_size=DECODE_ROWS))
         outs = llm.generate(prompts, params, use_tqdm=False)
         tokens = [o.outputs[0].token_ids for o in outs]
         if ref_outs is None:
@@ -158,22 +161,35 @@ def run_accuracy(
         ref_tokens = [o.outputs[0].token_ids for o in ref_outs]
         # Teacher-forced: fed float32's prompt + output, is this precision's next greedy token
         # float32's? (Free-running outputs part ways for good after one near tie.)
-        forced = total = 0
+        forced = forced8 = total = 0
         for o in ref_outs:
-            greedy = score(model, o.prompt_token_ids + o.outputs[0].token_ids)[1]
-            cont = greedy[len(o.prompt_token_ids) - 1 :].tolist()
-            forced += sum(a == b for a, b in zip(cont, o.outputs[0].token_ids, strict=True))
-            total += len(cont)
+            text = o.prompt_token_ids + o.outputs[0].token_ids
+            for rows in (512, DECODE_ROWS):
+                greedy = score(model, text, chunk_size=rows)[1]
+                cont = greedy[len(o.prompt_token_ids) - 1 :].tolist()
+                same = sum(a == b for a, b in zip(cont, o.outputs[0].token_ids, strict=True))
+                if rows == 512:
+                    forced += same
+                    total += len(cont)
+                else:
+                    forced8 += same
+        if ref_ppl8 == 0.0:
+            ref_ppl8 = ppl8
         row = {
             "perplexity": ppl,
             "ppl_vs_fp32": ppl / ref_ppl - 1,
+            "perplexity_decode": ppl8,
+            "ppl_decode_vs_fp32": ppl8 / ref_ppl8 - 1,
             "teacher_forced": forced / total,
+            "teacher_forced_decode": forced8 / total,
             **agreement(ref_tokens, tokens),
         }
         results[cfg.name] = row
         print(
-            f"{cfg.name:22s} ppl {ppl:8.4f} ({row['ppl_vs_fp32']:+6.2%})  teacher-forced "
-            f"{row['teacher_forced']:6.1%}  free-running: identical {row['identical']:6.1%}, "
+            f"{cfg.name:22s} ppl {ppl:8.4f} ({row['ppl_vs_fp32']:+6.2%}), in {DECODE_ROWS}-row "
+            f"chunks {ppl8:8.4f} ({row['ppl_decode_vs_fp32']:+6.2%})  teacher-forced "
+            f"{row['teacher_forced']:6.1%} ({DECODE_ROWS}-row: {row['teacher_forced_decode']:6.1%})"
+            f"  free-running: identical {row['identical']:6.1%}, "
             f"mean identical prefix {row['mean_prefix']:5.1f}/{num_tokens}, "
             f"same position {row['token_agreement']:6.1%}",
             flush=True,

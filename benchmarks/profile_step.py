@@ -26,6 +26,7 @@ MATMUL_OPS = {
     "aten::linear",
     "aten::_int_mm",
     "surge::int8_gemv",
+    "surge::q4_gemv",
     "mkldnn::_linear_pointwise",
 }
 # The two ends of W8A8 around aten::_int_mm.
@@ -45,6 +46,7 @@ def main() -> None:
         dtype=args.dtype,
         quantization=args.quantization,
         compile=args.compile,
+        compile_warmup=False,  # only the one batch size profiled gets compiled
         max_num_seqs=max(args.requests, 1),
     )
     eng = llm.engine

@@ -37,8 +37,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--quantization",
         default="none",
-        choices=["none", "int8", "int8-weight-only", "w8a8"],
-        help="int8 weights (per-channel scales); int8 picks the kernel per batch shape",
+        choices=["none", "int8", "int8-weight-only", "w8a8", "q4"],
+        help="int8 weights (per-channel scales; int8 picks the kernel per batch shape); "
+        "q4: 4-bit blocks (GGUF Q4_1) for decode batches, int8 for larger ones",
     )
     g.add_argument("--compile", action="store_true", help="torch.compile the decode step (opt-in)")
     g.add_argument("--device", default="auto")

@@ -13,7 +13,8 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's own context length
     seed: int = 0  # seeds random requests that carry no seed of their own
     use_kernels: bool = True  # compiled CPU attention kernels (built on first use; torch fallback)
-    # none | int8 (kernel chosen per batch shape) | int8-weight-only | w8a8 (surge/models/quant.py)
+    # none | int8 (kernel chosen per batch shape) | int8-weight-only | w8a8 | q4
+    # (surge/models/quant.py, surge/models/q4.py)
     quantization: str = "none"
     compile: bool = False  # torch.compile the decode step, batch sizes padded to buckets
     # With compile: build every decode graph at start, so no live request waits for a compile.
@@ -22,9 +23,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
-        if self.quantization not in ("none", "int8", "int8-weight-only", "w8a8"):
+        if self.quantization not in ("none", "int8", "int8-weight-only", "w8a8", "q4"):
             raise ValueError(
-                f"quantization must be none|int8|int8-weight-only|w8a8, got {self.quantization!r}"
+                "quantization must be none|int8|int8-weight-only|w8a8|q4, "
+                f"got {self.quantization!r}"
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")

@@ -66,10 +66,14 @@ def score(
 
 
 def token_logprobs(
-    model: LlamaForCausalLM, token_ids: list[int], kv_dtype: torch.dtype | None = None
+    model: LlamaForCausalLM,
+    token_ids: list[int],
+    kv_dtype: torch.dtype | None = None,
+    chunk_size: int = 512,
 ) -> Tensor:
-    """[len(token_ids) - 1] float32: log p(token_i | tokens before i), for i >= 1."""
-    return score(model, token_ids, kv_dtype)[0]
+    """[len(token_ids) - 1] float32: log p(token_i | tokens before i), for i >= 1. A small
+    chunk_size (8) runs the kernels a decode step runs, which differ under quantization."""
+    return score(model, token_ids, kv_dtype, chunk_size)[0]
 
 
 def perplexity(logprobs: Tensor) -> float:

@@ -15,6 +15,8 @@ Which matmul runs depends on M, the rows of the activation (tokens in the step):
                          GEMM: no activation rounding, for accuracy comparisons.
 
 "w8a8" takes the W8A8 path at every M.
+"q4" keeps 4-bit block weights (GGUF's Q4_1 scheme, surge/models/q4.py) for M <= gemv_max_rows
+                         beside the int8 ones for larger M; the embedding and LM head stay int8.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from torch import Tensor, nn
 from surge.models.kernels import load_int8_linear
 from surge.models.spec import ModelSpec
 
-QUANTIZATIONS = ("none", "int8", "int8-weight-only", "w8a8")
+QUANTIZATIONS = ("none", "int8", "int8-weight-only", "w8a8", "q4")
+INT8_MODES = ("int8", "int8-weight-only", "w8a8")
 # Measured on a 2-core AVX512-VNNI CPU (benchmarks/bench_precision.py --kernels): the GEMV beats
 # quantize + _int_mm + dequantize up to 8 rows at SmolLM2's shapes.
 GEMV_MAX_ROWS = 8
@@ -77,7 +80,7 @@ class Int8Linear(nn.Module):
         kernels: bool = False,
     ) -> None:
         super().__init__()
-        if mode not in QUANTIZATIONS[1:]:
+        if mode not in INT8_MODES:
             raise ValueError(f"unknown int8 mode {mode!r}")
         self.out_features, self.in_features = q.shape
         self.register_buffer("weight", q.contiguous())
@@ -180,20 +183,29 @@ class Int8Embedding(nn.Module):
 
 
 def quantize_model(model: nn.Module, mode: str, dtype: torch.dtype, use_kernels: bool) -> None:
-    """Replace every nn.Linear and the token embedding of `model` with int8 versions, in place.
+    """Replace every nn.Linear and the token embedding of `model` with quantized versions, in
+    place ("q4": 4-bit layers, int8 embedding and LM head).
 
     Norm weights and the rotary tables stay in their float dtypes (a few KB per layer).
     """
     if mode not in QUANTIZATIONS[1:]:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {mode!r}")
+    from surge.models.kernels import load_q4_linear
+    from surge.models.q4 import K_MULTIPLE, Q4Linear
+
     device = next(model.parameters()).device
     kernels = use_kernels and device.type == "cpu" and load_int8_linear() is not None
+    q4_kernels = kernels and load_q4_linear() is not None
+    int8_mode = "int8" if mode == "q4" else mode
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear.from_float(child, mode, kernels))
+                if mode == "q4" and name != "lm_head" and child.in_features % K_MULTIPLE == 0:
+                    setattr(parent, name, Q4Linear.from_float(child, q4_kernels))
+                else:
+                    setattr(parent, name, Int8Linear.from_float(child, int8_mode, kernels))
             elif isinstance(child, nn.Embedding):
-                setattr(parent, name, Int8Embedding.from_float(child, dtype, mode, kernels))
+                setattr(parent, name, Int8Embedding.from_float(child, dtype, int8_mode, kernels))
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -224,4 +236,9 @@ def estimate_weight_bytes(spec: ModelSpec, dtype: torch.dtype, quantization: str
     if quantization == "none":
         return sum(k * n for k, n in matrices) * elem + norms + biases * elem
     # int8 weights; per output channel (row) a float32 scale and an int32 row sum; float32 biases.
-    return sum(k * n + 8 * n for k, n in matrices) + norms + 4 * biases
+    total = sum(k * n + 8 * n for k, n in matrices) + norms + 4 * biases
+    if quantization == "q4":  # plus the layers' 4-bit copy: K/2 bytes and K/32 (d, m) per row
+        total += sum(k * n // 2 + k // 32 * 4 * n for k, n in matrices[:-1] if k % 64 == 0)
+        if not spec.tie_word_embeddings:  # the untied head stays int8 only
+            total -= (h * spec.vocab_size) // 2 + h // 32 * 4 * spec.vocab_size
+    return total

@@ -53,6 +53,11 @@ def load_int8_linear(build_dir: Path | None = None) -> ModuleType | None:
     return _load("int8_linear", build_dir)
 
 
+def load_q4_linear(build_dir: Path | None = None) -> ModuleType | None:
+    """The compiled 4-bit block GEMV (surge::q4_gemv), or None."""
+    return _load("q4_linear", build_dir)
+
+
 def _register_fakes() -> None:
     """Shape-only versions of the ops, so torch.compile can trace a graph through them."""
     import torch
@@ -61,6 +66,11 @@ def _register_fakes() -> None:
         x: torch.Tensor, w: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         return x.new_empty((x.shape[0], w.shape[0]))
+
+    def fake_q4_gemv(
+        x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], qs.shape[0]))
 
     def fake_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = x.shape[0]
@@ -93,6 +103,7 @@ def _register_fakes() -> None:
 
     fakes = {
         "surge::int8_gemv": fake_int8_gemv,
+        "surge::q4_gemv": fake_q4_gemv,
         "surge::quantize_rows": fake_quantize_rows,
         "surge::dequantize_int32": fake_dequantize_int32,
         "surge::paged_decode": fake_paged_decode,

@@ -1,0 +1,100 @@
+"""4-bit weights in blocks of 32 along the input dimension, GGUF's Q4_1 scheme:
+
+    w[n, k] = d[n, b] * q[n, k] + m[n, b],   q in 0..15,  b = k // 32,  d and m float16
+
+Quantizing by each block's min and max recovers a Q4_1 GGUF file's blocks exactly from their
+dequantized values (each block's min is m and its max is d * 15 + m), so a model shipped as Q4_1
+runs on the weights the file holds, with no second rounding. Stored repacked for the kernel
+(see kernels/q4_linear.cpp): qs [N, K/2] uint8, groups of 16 blocks interleaved so that each
+int32 lane of the dot-product instruction sums one block, then pairs of blocks (byte j =
+q[j] | q[32 + j] << 4); dm [N, 2, K/32] float16, each block's d then m.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from surge.models.quant import GEMV_MAX_ROWS, Int8Linear
+
+BLOCK = 32
+GROUP = 512  # 16 blocks, interleaved
+K_MULTIPLE = 64  # whole pairs of blocks: layers of other widths stay int8 only
+
+
+def quantize_q4(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """[N, K] float -> (qs uint8 [N, K/2], dm float16 [N, 2, K/32])."""
+    n, k = weight.shape
+    if k % K_MULTIPLE:
+        raise ValueError(f"q4 needs in_features divisible by {K_MULTIPLE}, got {k}")
+    w = weight.float().reshape(n, k // BLOCK, BLOCK)
+    lo, hi = w.amin(dim=-1), w.amax(dim=-1)
+    # Round d and m to float16 first and quantize against what dequantization will use.
+    d = ((hi - lo) / 15).half()
+    m = lo.half()
+    df, mf = d.float()[..., None], m.float()[..., None]
+    q = torch.where(df > 0, (w - mf) / df.clamp(min=torch.finfo(torch.float32).tiny), 0.0)
+    q = q.round().clamp_(0, 15).to(torch.uint8).reshape(n, k)
+    return _pack(q), torch.stack([d, m], dim=1).contiguous()
+
+
+def dequantize_q4(qs: Tensor, dm: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Inverse of `quantize_q4`: [N, K] in `dtype`."""
+    n, k = qs.shape[0], qs.shape[1] * 2
+    q = _unpack(qs).float().reshape(n, k // BLOCK, BLOCK)
+    d, m = dm[:, 0].float(), dm[:, 1].float()
+    return (q * d[..., None] + m[..., None]).reshape(n, k).to(dtype)
+
+
+def _pack(q: Tensor) -> Tensor:
+    """q [N, K] uint8 in 0..15, natural order -> [N, K/2] in the kernel's layout."""
+    n, k = q.shape
+    groups = k // GROUP
+    # Group: operand j's byte 4l + i holds weight 4j + i of block l.
+    g = q[:, : groups * GROUP].reshape(n, groups, 16, 8, 4).permute(0, 1, 3, 2, 4)
+    pairs = q[:, groups * GROUP :].reshape(n, -1, 64)
+    operands = torch.cat([g.reshape(n, groups * 8, 64), pairs], dim=1)
+    return (operands[..., :32] | (operands[..., 32:] << 4)).reshape(n, k // 2).contiguous()
+
+
+def _unpack(qs: Tensor) -> Tensor:
+    n, k = qs.shape[0], qs.shape[1] * 2
+    groups = k // GROUP
+    packed = qs.reshape(n, k // 64, 32)
+    operands = torch.cat([packed & 0x0F, packed >> 4], dim=-1)  # [N, K/64, 64]
+    g = operands[:, : groups * 8].reshape(n, groups, 8, 16, 4).permute(0, 1, 3, 2, 4)
+    return torch.cat([g.reshape(n, groups * GROUP), operands[:, groups * 8 :].reshape(n, -1)], 1)
+
+
+class Q4Linear(nn.Module):
+    """A linear layer with 4-bit block weights for decode-sized batches and an int8 copy for
+    the rest. Up to GEMV_MAX_ROWS rows the compiled kernel (`torch.ops.surge.q4_gemv`: int8
+    activations per block, VNNI dot products) reads 0.625 bytes per weight, where the one-row
+    step is bound by memory bandwidth; larger batches are bound by compute, where int8 W8A8
+    GEMMs are 3-4x faster than the block kernel (measured at 64 rows), so they take the int8
+    copy. Both are held: 1.625 bytes per weight, the price of the fastest path at every size."""
+
+    qs: Tensor
+    dm: Tensor
+
+    def __init__(self, qs: Tensor, dm: Tensor, int8: Int8Linear, kernels: bool) -> None:
+        super().__init__()
+        self.out_features, self.in_features = qs.shape[0], qs.shape[1] * 2
+        self.register_buffer("qs", qs.contiguous())
+        self.register_buffer("dm", dm.contiguous())
+        self.int8 = int8
+        self.kernels = kernels
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, kernels: bool) -> Q4Linear:
+        qs, dm = quantize_q4(linear.weight.detach())
+        return cls(qs, dm, Int8Linear.from_float(linear, "int8", kernels), kernels)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, q4"
+
+    def forward(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+        if self.kernels and x.shape[0] <= GEMV_MAX_ROWS:
+            out: Tensor = torch.ops.surge.q4_gemv(x, self.qs, self.dm, self.int8.bias)
+            return out.to(out_dtype or x.dtype)
+        return self.int8(x, out_dtype)
