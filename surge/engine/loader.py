@@ -131,7 +131,7 @@ def capability_report(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: Mod
         f"hidden {spec.hidden_size}, vocab {spec.vocab_size}",
         f"weights       {weights(dtype, model_cfg.quantization)} "
         f"(float32 {weights(torch.float32)}, bfloat16 {weights(torch.bfloat16)}, "
-        f"int8 {weights(dtype, 'int8')})",
+        f"int8 {weights(dtype, 'int8')}, q4 {weights(dtype, 'q4')})",
         f"KV cache      {DTYPE_NAMES[p.kv_dtype]} ({p.kv_reason}), "
         f"{per_token / 1024:.1f} KiB/token",
         f"KV capacity   {plan.total_bytes / (1 << 30):.2f} GiB -> {plan.num_tokens:,} tokens "
