@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 
 from surge.engine.config import (
+    QUANTIZATIONS,
     SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
@@ -37,7 +38,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--quantization",
         default="none",
-        choices=["none", "int8", "int8-weight-only", "w8a8", "q4"],
+        choices=QUANTIZATIONS,
         help="int8 weights (per-channel scales; int8 picks the kernel per batch shape); "
         "q4: 4-bit blocks (GGUF Q4_1) for decode batches, int8 for larger ones",
     )

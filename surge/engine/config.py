@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# surge.models.quant.QUANTIZATIONS, spelled out so that configs import without torch (a test
+# keeps the two equal).
+QUANTIZATIONS = ("none", "int8", "int8-weight-only", "w8a8", "q4")
+
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
@@ -23,10 +27,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto|float32|bfloat16|float16, got {self.dtype!r}")
-        if self.quantization not in ("none", "int8", "int8-weight-only", "w8a8", "q4"):
+        if self.quantization not in QUANTIZATIONS:
             raise ValueError(
-                "quantization must be none|int8|int8-weight-only|w8a8|q4, "
-                f"got {self.quantization!r}"
+                f"quantization must be {'|'.join(QUANTIZATIONS)}, got {self.quantization!r}"
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")

@@ -71,8 +71,9 @@ class Q4Linear(nn.Module):
     the rest. Up to GEMV_MAX_ROWS rows the compiled kernel (`torch.ops.surge.q4_gemv`: int8
     activations per block, VNNI dot products) reads 0.625 bytes per weight, where the one-row
     step is bound by memory bandwidth; larger batches are bound by compute, where int8 W8A8
-    GEMMs are 3-4x faster than the block kernel (measured at 64 rows), so they take the int8
-    copy. Both are held: 1.625 bytes per weight, the price of the fastest path at every size."""
+    is ~3x faster than the block kernel (benchmarks/bench_q4_kernel.py --rows 64), so they
+    take the int8 copy. Both are held: 1.625 bytes per weight, the price of the fastest path
+    at every size."""
 
     qs: Tensor
     dm: Tensor

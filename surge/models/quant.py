@@ -227,8 +227,8 @@ def estimate_weight_bytes(spec: ModelSpec, dtype: torch.dtype, quantization: str
     q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     qkv = q_size + 2 * kv_size
     # (in_features, out_features) of every matrix; the embedding is (hidden, vocab) row-wise.
-    matrices = [(h, qkv), (q_size, h), (h, 2 * inter), (inter, h)] * spec.num_layers
-    matrices.append((h, spec.vocab_size))
+    layers = [(h, qkv), (q_size, h), (h, 2 * inter), (inter, h)] * spec.num_layers
+    matrices = [*layers, (h, spec.vocab_size)]
     if not spec.tie_word_embeddings:
         matrices.append((h, spec.vocab_size))
     norms = (2 * spec.num_layers + 1) * h * elem
@@ -238,7 +238,5 @@ def estimate_weight_bytes(spec: ModelSpec, dtype: torch.dtype, quantization: str
     # int8 weights; per output channel (row) a float32 scale and an int32 row sum; float32 biases.
     total = sum(k * n + 8 * n for k, n in matrices) + norms + 4 * biases
     if quantization == "q4":  # plus the layers' 4-bit copy: K/2 bytes and K/32 (d, m) per row
-        total += sum(k * n // 2 + k // 32 * 4 * n for k, n in matrices[:-1] if k % 64 == 0)
-        if not spec.tie_word_embeddings:  # the untied head stays int8 only
-            total -= (h * spec.vocab_size) // 2 + h // 32 * 4 * spec.vocab_size
+        total += sum(k * n // 2 + k // 32 * 4 * n for k, n in layers if k % 64 == 0)
     return total

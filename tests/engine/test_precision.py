@@ -48,6 +48,15 @@ def test_cuda_dtype_follows_compute_capability(sm: str, dtype: torch.dtype) -> N
     assert p.dtype == dtype and sm in p.reason
 
 
+def test_config_and_model_agree_on_the_quantizations() -> None:
+    from surge.engine import config
+    from surge.models import quant
+
+    assert config.QUANTIZATIONS == quant.QUANTIZATIONS
+    with pytest.raises(ValueError, match=r"none\|int8\|int8-weight-only\|w8a8\|q4, got 'int4'"):
+        config.ModelConfig(quantization="int4")
+
+
 def test_kv_cache_dtype_auto_follows_the_model() -> None:
     assert choose_kv_dtype("auto", torch.bfloat16)[0] == torch.bfloat16
     assert choose_kv_dtype("float32", torch.bfloat16) == (torch.float32, "requested")

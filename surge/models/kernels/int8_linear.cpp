@@ -8,6 +8,7 @@
 // - quantize_rows + dequantize_int32: the two ends of W8A8 around torch._int_mm (VNNI GEMM),
 //   one pass each instead of the ~8 elementwise torch ops the Python spelling takes.
 #include <torch/extension.h>
+#include "cpu_common.h"
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
@@ -20,18 +21,8 @@
 
 namespace {
 
-inline void to_float(const float* s, float* d, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
-inline void to_float(const at::BFloat16* s, float* d, int64_t n) {
-  const uint16_t* u = reinterpret_cast<const uint16_t*>(s);
-  uint32_t* o = reinterpret_cast<uint32_t*>(d);
-  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<uint32_t>(u[i]) << 16;
-}
-inline void to_float(const at::Half* s, float* d, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
-}
-inline void to_float(const double* s, float* d, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
-}
+using surge::kMaxRows;
+using surge::to_float;
 
 inline void from_float(const float* s, float* d, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
 // Round to nearest even, as c10::BFloat16 does (finite inputs); written out so it vectorizes.
@@ -45,7 +36,6 @@ inline void from_float(const float* s, T* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(s[i]);
 }
 
-constexpr int64_t kMaxRows = 8;     // activation rows per pass over a weight row
 // k per int32 accumulation, so no sum can overflow: the vector path spreads a chunk over 32
 // lanes (|127 * 32767 * 4096 / 32| < 2^31), the scalar path keeps one sum (127 * 32767 * 256).
 constexpr int64_t kChunk = 4096;
@@ -127,20 +117,6 @@ void gemv_rows(const int16_t* xq, const float* sx, int64_t Kp, const int8_t* w, 
   }
 }
 
-template <typename T>
-void gemv_group(const int16_t* xq, const float* sx, int64_t mr, int64_t Kp, const int8_t* w,
-                int64_t K, const float* sw, const float* bias, int64_t n0, int64_t n1, int64_t N,
-                T* out) {
-  switch (mr) {
-#define SURGE_CASE(R) \
-  case R: gemv_rows<R, T>(xq, sx, Kp, w, K, sw, bias, n0, n1, N, out); break;
-    SURGE_CASE(1) SURGE_CASE(2) SURGE_CASE(3) SURGE_CASE(4)
-    SURGE_CASE(5) SURGE_CASE(6) SURGE_CASE(7) SURGE_CASE(8)
-#undef SURGE_CASE
-    default: TORCH_CHECK(false, "gemv_group: rows");
-  }
-}
-
 }  // namespace
 
 // x [M, K] float32/bf16/fp16, w [N, K] int8, sw [N] float32, bias [N] float32 or None -> [M, N]
@@ -155,11 +131,7 @@ torch::Tensor int8_gemv(const torch::Tensor& x_in, const torch::Tensor& w, const
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   torch::Tensor bias_f;
-  const float* bp = nullptr;
-  if (bias.has_value()) {
-    bias_f = bias->to(at::kFloat).contiguous();
-    bp = bias_f.data_ptr<float>();
-  }
+  const float* bp = surge::float_bias(bias, bias_f);
   std::vector<int16_t> xq(M * Kp);
   std::vector<float> sx(M);
   const int8_t* wp = w.data_ptr<int8_t>();
@@ -171,9 +143,10 @@ torch::Tensor int8_gemv(const torch::Tensor& x_in, const torch::Tensor& w, const
     // Grain 64 rows (>= 36 KB at K=576) keeps tiny layers from paying a fork/join.
     at::parallel_for(0, N, 64, [&](int64_t b, int64_t e) {
       for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) {
-        const int64_t mr = std::min(kMaxRows, M - m0);
-        gemv_group<scalar_t>(xq.data() + m0 * Kp, sx.data() + m0, mr, Kp, wp, K, sp, bp, b, e, N,
-                             op + m0 * N);
+        surge::with_rows(std::min(kMaxRows, M - m0), [&](auto rows) {
+          gemv_rows<decltype(rows)::value, scalar_t>(xq.data() + m0 * Kp, sx.data() + m0, Kp, wp,
+                                                     K, sp, bp, b, e, N, op + m0 * N);
+        });
       }
     });
   });
@@ -233,11 +206,7 @@ torch::Tensor dequantize_int32(const torch::Tensor& acc, const torch::Tensor& sx
   const int64_t M = acc.size(0), N = acc.size(1);
   auto out = torch::empty({M, N}, acc.options().dtype(dtype));
   torch::Tensor bias_f;
-  const float* bp = nullptr;
-  if (bias.has_value()) {
-    bias_f = bias->to(at::kFloat).contiguous();
-    bp = bias_f.data_ptr<float>();
-  }
+  const float* bp = surge::float_bias(bias, bias_f);
   const int32_t* ap = acc.data_ptr<int32_t>();
   const float* xs = sx.data_ptr<float>();
   const int32_t* xz = zx.data_ptr<int32_t>();

@@ -12,12 +12,13 @@
 // Q8 scheme; the activations are reordered like the weights), and
 //   y = sum over blocks of d * dx * dot(q, xq) + m * dx * sum(xq),
 // exactly the file's weights times the rounded activations. (The sum of the unrounded x in the
-// m term measured 2-3x the error: q in 0..15 is not centred, so the d term's rounding error
+// m term measured about 2x the error: q in 0..15 is not centred, so the d term's rounding error
 // only cancels against the same rounding in the m term.)
 // Weight rows stream in order, each reused for up to 8 activation rows: one row reads 0.625
 // bytes per weight, about half of int8's, and few enough instructions per byte that DRAM
 // bandwidth stays the limit.
 #include <torch/extension.h>
+#include "cpu_common.h"
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
@@ -30,18 +31,9 @@
 
 namespace {
 
-inline void to_float(const float* s, float* d, int64_t n) { std::memcpy(d, s, n * sizeof(float)); }
-inline void to_float(const at::BFloat16* s, float* d, int64_t n) {
-  const uint16_t* u = reinterpret_cast<const uint16_t*>(s);
-  uint32_t* o = reinterpret_cast<uint32_t*>(d);
-  for (int64_t i = 0; i < n; ++i) o[i] = static_cast<uint32_t>(u[i]) << 16;
-}
-template <typename T>
-inline void to_float(const T* s, float* d, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<float>(s[i]);
-}
+using surge::kMaxRows;
+using surge::to_float;
 
-constexpr int64_t kMaxRows = 8;  // activation rows per pass over a weight row
 constexpr int64_t kBlock = 32;
 constexpr int64_t kGroup = 512;  // 16 blocks: one int32 lane each
 
@@ -197,19 +189,6 @@ void q4_rows(const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq, int64_
   }
 }
 
-template <typename T>
-void q4_group(int64_t mr, const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq,
-              int64_t m0, const float* bias, int64_t n0, int64_t n1, int64_t N, T* out) {
-  switch (mr) {
-#define SURGE_CASE(R) \
-  case R: q4_rows<R, T>(qs, dm, xq, m0, bias, n0, n1, N, out); break;
-    SURGE_CASE(1) SURGE_CASE(2) SURGE_CASE(3) SURGE_CASE(4)
-    SURGE_CASE(5) SURGE_CASE(6) SURGE_CASE(7) SURGE_CASE(8)
-#undef SURGE_CASE
-    default: TORCH_CHECK(false, "q4_group: rows");
-  }
-}
-
 }  // namespace
 
 // x [M, K] float32/bf16/fp16, qs [N, K/2] uint8, dm [N, 2, K/32] float16, bias [N] or None
@@ -226,11 +205,7 @@ torch::Tensor q4_gemv(const torch::Tensor& x_in, const torch::Tensor& qs, const 
   auto out = torch::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out;
   torch::Tensor bias_f;
-  const float* bp = nullptr;
-  if (bias.has_value()) {
-    bias_f = bias->to(at::kFloat).contiguous();
-    bp = bias_f.data_ptr<float>();
-  }
+  const float* bp = surge::float_bias(bias, bias_f);
   const uint8_t* qp = qs.data_ptr<uint8_t>();
   const uint16_t* dp = reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "q4_gemv", [&] {
@@ -240,7 +215,9 @@ torch::Tensor q4_gemv(const torch::Tensor& x_in, const torch::Tensor& qs, const 
     // tiny layers from paying a fork/join.
     at::parallel_for(0, N, 64, [&](int64_t b, int64_t e) {
       for (int64_t m0 = 0; m0 < M; m0 += kMaxRows)
-        q4_group<scalar_t>(std::min(kMaxRows, M - m0), qp, dp, xq, m0, bp, b, e, N, op);
+        surge::with_rows(std::min(kMaxRows, M - m0), [&](auto rows) {
+          q4_rows<decltype(rows)::value, scalar_t>(qp, dp, xq, m0, bp, b, e, N, op);
+        });
     });
   });
   return out;
