@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--quantization", default="none")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--top", type=int, default=0, help="also print the N ops with most self time")
     args = ap.parse_args()
     llm = LLM(
         "smollm2-135m",
@@ -117,6 +118,8 @@ def main() -> None:
     rest = model_ms - matmul_ms - other_ms - quant_ms - compiled_ms
     rest += phases["sampler"] / steps * 1e3
     print(f"    attention kernel + Python, by difference: {max(rest, 0):7.2f} ms")
+    if args.top:
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
 
 
 if __name__ == "__main__":

@@ -143,10 +143,13 @@ class ModelRunner:
             # Freezing (read while tracing): weights become constants of the graph rather than
             # ~300 inputs to gather and check at every call, ~1 ms a step at one request. A few
             # rows make the fused kernels too small to split across threads: single-threaded
-            # they save a fork/join each (~150 a step), ~1 ms at one request.
+            # they save a fork/join each (~150 a step), ~1 ms at one request. The C++ wrapper
+            # calls the graph's ~150 kernels from C++, not Python: ~10% a step at one request
+            # (interleaved A/B), neutral at 64 (so the dynamic graph, the slowest to build,
+            # does without: the wrapper adds ~45 s of C++ build to each graph).
             options: dict[str, object] = {"freezing": True}
             if key != DYNAMIC:
-                options["cpp.threads"] = 1
+                options.update({"cpp.threads": 1, "cpp_wrapper": True})
             with torch._inductor.config.patch(options):
                 logits = self._compiled(ids, positions, attn)
         except Exception as e:  # a backend that cannot compile here: stay correct, run eagerly

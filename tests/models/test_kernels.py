@@ -12,18 +12,25 @@ from surge.models.kernels import load_paged_decode
 @pytest.mark.parametrize(
     ("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)]
 )
-@pytest.mark.parametrize("head_dim", [64, 32])
-def test_kernel_matches_torch_ops(dtype: torch.dtype, tol: float, head_dim: int) -> None:
+@pytest.mark.parametrize(
+    ("head_dim", "heads", "kv_heads"),
+    # 64 and 128 take the AVX-512 kernel where the CPU has it (queries in chunks of 256 / head_dim:
+    # groups 1, 3, 8 cover one partial, one exact and several chunks); 32 the portable one.
+    [(64, 6, 2), (64, 8, 8), (64, 8, 1), (128, 6, 2), (128, 4, 1), (32, 6, 2)],
+)
+def test_kernel_matches_torch_ops(
+    dtype: torch.dtype, tol: float, head_dim: int, heads: int, kv_heads: int
+) -> None:
     module = load_paged_decode()
     if module is None:
         pytest.skip("no C++ toolchain: the torch path is the only one")
     gen = torch.Generator().manual_seed(0)
-    d, heads, kv_heads, num_blocks, block = 7, 6, 2, 40, 4
+    d, num_blocks, block = 8, 60, 4
     q = torch.randn(d, heads, head_dim, generator=gen).to(dtype)
     k_cache = torch.randn(kv_heads, num_blocks, block, head_dim, generator=gen).to(dtype)
     v_cache = torch.randn(kv_heads, num_blocks, block, head_dim, generator=gen).to(dtype)
-    lens = torch.tensor([1, 3, 4, 5, 9, 16, 20])
-    tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:5] for _ in range(d)])
+    lens = torch.tensor([1, 3, 4, 5, 9, 16, 20, 37])  # around and past 16-key tiles
+    tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:10] for _ in range(d)])
     span = torch.arange(tables.shape[1] * block)
     bias = torch.zeros(d, 1, span.numel()).masked_fill_(
         (span.unsqueeze(0) >= lens.unsqueeze(1)).unsqueeze(1), -torch.inf

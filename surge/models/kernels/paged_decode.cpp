@@ -5,7 +5,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <algorithm>
+#include <type_traits>
 #include <vector>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -112,6 +117,169 @@ void decode_kernel(
   });
 }
 
+
+#ifdef __AVX512F__
+// The same computation with AVX-512 registers, for head sizes that are a multiple of 16.
+// Per (request, kv head): the group's queries stay in registers (float32, pre-scaled); each key
+// row is widened once and dotted with every query of the chunk; 16 keys' dot-product vectors are
+// summed across lanes together (hsum16), not one by one; then the softmax; then each value row is
+// widened once and accumulated into register-resident outputs. Memory traffic is one read of the
+// request's K and V rows per chunk of queries (one chunk when group <= 256 / head size).
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(at::BFloat16* p, __m512 v) {
+  // Round to nearest even, like c10's float -> bfloat16 (NaN is not expected here).
+  __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+}
+inline void store16(at::Half* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+// r[j] = sum of the 16 lanes of v[j], for j < 16: a transpose-and-add tree (45 ops for 16 sums
+// where 16 separate reductions take ~130).
+inline __m512 hsum16(const __m512* v) {
+  __m512 a[8], b[4], c[2];
+  for (int k = 0; k < 8; ++k)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
+    a[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                         _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  for (int k = 0; k < 4; ++k) {  // per 128-bit lane: partial sums of v[4k .. 4k+3], in order
+    const __m512d x = _mm512_castps_pd(a[2 * k]), y = _mm512_castps_pd(a[2 * k + 1]);
+    b[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int k = 0; k < 2; ++k)  // add 128-bit lanes pairwise: (0+1, 2+3) of b[2k], then of b[2k+1]
+    c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88),
+                       _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
+}
+
+// exp(x) for x <= 0, 16 lanes: fast_exp's range reduction and polynomial.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 fi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, fi);
+  __m512 p = _mm512_set1_ps(0.000154035304f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00133335581f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00961812911f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0555041087f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240226507f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693147182f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(fi), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+// Scores, softmax and weighted values of G queries (G * HD / 16 <= 16 registers) against one
+// request's keys and values for one kv head; q rows are consecutive, `out` rows too.
+template <typename T, int HD, int G>
+void attend_chunk(const T* q, const T* kh, const T* vh, const int64_t* table, int64_t bs,
+                  int64_t len, float scale, float* scores, T* out) {
+  constexpr int V = HD / 16;
+  __m512 qr[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < V; ++i)
+      qr[g][i] = _mm512_mul_ps(load16(q + g * HD + i * 16), _mm512_set1_ps(scale));
+  const int64_t padded = (len + 15) & ~int64_t(15);
+  __m512 mx[G], part[G][16];
+  for (int g = 0; g < G; ++g) mx[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t t0 = 0; t0 < padded; t0 += 16) {
+    for (int j = 0; j < 16; ++j) {
+      const int64_t t = t0 + j;
+      if (t >= len) {
+        for (int g = 0; g < G; ++g) part[g][j] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        continue;
+      }
+      const T* kr = kh + (table[t / bs] * bs + t % bs) * HD;
+      __m512 k[V];
+      for (int i = 0; i < V; ++i) k[i] = load16(kr + i * 16);
+      for (int g = 0; g < G; ++g) {
+        __m512 s = _mm512_mul_ps(qr[g][0], k[0]);
+        for (int i = 1; i < V; ++i) s = _mm512_fmadd_ps(qr[g][i], k[i], s);
+        part[g][j] = s;
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      // A -inf lane sums to -inf: the padding keys past len score -inf, as masking wants.
+      const __m512 s = hsum16(part[g]);
+      store16(scores + g * padded + t0, s);
+      mx[g] = _mm512_max_ps(mx[g], s);
+    }
+  }
+  float inv[G];
+  for (int g = 0; g < G; ++g) {
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx[g]));
+    __m512 sum = _mm512_setzero_ps();
+    float* sg = scores + g * padded;
+    for (int64_t t0 = 0; t0 < padded; t0 += 16) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + t0), m));
+      _mm512_storeu_ps(sg + t0, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    inv[g] = 1.f / _mm512_reduce_add_ps(sum);
+  }
+  __m512 acc[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < V; ++i) acc[g][i] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < len; ++t) {
+    const T* vr = vh + (table[t / bs] * bs + t % bs) * HD;
+    __m512 v[V];
+    for (int i = 0; i < V; ++i) v[i] = load16(vr + i * 16);
+    for (int g = 0; g < G; ++g) {
+      const __m512 p = _mm512_set1_ps(scores[g * padded + t]);
+      for (int i = 0; i < V; ++i) acc[g][i] = _mm512_fmadd_ps(p, v[i], acc[g][i]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < V; ++i)
+      store16(out + g * HD + i * 16, _mm512_mul_ps(acc[g][i], _mm512_set1_ps(inv[g])));
+}
+
+template <typename T, int HD>
+void decode_kernel_avx512(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+                          const int64_t* lens, T* out, int64_t D, int64_t H, int64_t kvh,
+                          int64_t num_blocks, int64_t bs, int64_t max_blocks, float scale) {
+  constexpr int kChunk = 256 / HD;  // queries per pass: their registers fit beside the K rows
+  const int64_t group = H / kvh;
+  at::parallel_for(0, D * kvh, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sbuf;
+    for (int64_t idx = begin; idx < end; ++idx) {
+      const int64_t d = idx / kvh, h = idx % kvh;
+      const int64_t len = lens[d];
+      const int64_t padded = (len + 15) & ~int64_t(15);
+      if (static_cast<int64_t>(sbuf.size()) < kChunk * padded) sbuf.resize(kChunk * padded);
+      const int64_t* table = tables + d * max_blocks;
+      const T* kh = k_cache + h * num_blocks * bs * HD;
+      const T* vh = v_cache + h * num_blocks * bs * HD;
+      for (int64_t g0 = 0; g0 < group; g0 += kChunk) {
+        const int64_t row = d * H + h * group + g0;
+        const T* qg = q + row * HD;
+        T* og = out + row * HD;
+        switch (std::min<int64_t>(kChunk, group - g0)) {
+          case 1: attend_chunk<T, HD, 1>(qg, kh, vh, table, bs, len, scale, sbuf.data(), og); break;
+          case 2: attend_chunk<T, HD, 2>(qg, kh, vh, table, bs, len, scale, sbuf.data(), og); break;
+          case 3: if constexpr (kChunk >= 3) attend_chunk<T, HD, 3>(qg, kh, vh, table, bs, len, scale, sbuf.data(), og); break;
+          case 4: if constexpr (kChunk >= 4) attend_chunk<T, HD, 4>(qg, kh, vh, table, bs, len, scale, sbuf.data(), og); break;
+        }
+      }
+    }
+  });
+}
+#endif  // __AVX512F__
+
 }  // namespace
 
 torch::Tensor paged_decode(
@@ -132,6 +300,18 @@ torch::Tensor paged_decode(
              out.data_ptr<scalar_t>(), D, H, kvh, hd, num_blocks, bs, block_tables.size(1),
              static_cast<float>(scale));
     };
+#ifdef __AVX512F__
+    if constexpr (!std::is_same_v<scalar_t, double>) {
+      auto run_avx = [&](auto kernel) {
+        kernel(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+               block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
+               out.data_ptr<scalar_t>(), D, H, kvh, num_blocks, bs, block_tables.size(1),
+               static_cast<float>(scale));
+      };
+      if (hd == 64) return run_avx(decode_kernel_avx512<scalar_t, 64>);
+      if (hd == 128) return run_avx(decode_kernel_avx512<scalar_t, 128>);
+    }
+#endif
     if (hd == 64) run(decode_kernel<scalar_t, 64>);
     else if (hd == 128) run(decode_kernel<scalar_t, 128>);
     else run(decode_kernel<scalar_t, 0>);
