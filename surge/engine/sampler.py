@@ -223,7 +223,20 @@ def _sample_random(
         probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
     probs = _apply_top_k_top_p(probs, rows)
     noise = _exponential_noise(rows, logits.shape[1], device, shared)
-    return (probs / noise).argmax(dim=-1)  # [m]
+    return row_argmax(probs / noise)  # [m]
+
+
+def row_argmax(x: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+    """x.argmax(dim=-1), first maximum on ties, in two passes: each chunk's max, then the argmax
+    within the first chunk holding the row's max. Aten's CPU argmax over a vocabulary row is
+    ~10x slower than its amax (93 vs 27 us a row, 2.2 vs 0.27 ms for 64 rows of 49152)."""
+    m, v = x.shape
+    if v % chunk or x.device.type != "cpu":
+        return x.argmax(dim=-1)
+    chunks = x.reshape(m, v // chunk, chunk)
+    best_chunk = chunks.amax(dim=-1).argmax(dim=-1)  # [m]
+    within = chunks[torch.arange(m, device=x.device), best_chunk].argmax(dim=-1)
+    return best_chunk * chunk + within
 
 
 class Sampler:
@@ -261,13 +274,13 @@ class Sampler:
         ):
             # Fast path: argmax is the same in any float dtype, no softmax needed.
             return SamplerOutput(
-                token_ids=logits.argmax(dim=-1).tolist(),
+                token_ids=row_argmax(logits).tolist(),
                 logprobs=[None] * num_rows,
                 top_logprobs=[None] * num_rows,
             )
         raw = logits.float()  # [num_rows, vocab]
         processed = process_logits(raw, rows, self.eos_token_ids)
-        sampled = processed.argmax(dim=-1)  # [num_rows]; random rows overwritten below
+        sampled = row_argmax(processed)  # [num_rows]; random rows overwritten below
         random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         if random_rows:
             idx = torch.tensor(random_rows, device=logits.device)

@@ -15,6 +15,7 @@ from surge.engine.sampler import (
     apply_min_tokens,
     apply_penalties,
     mix_seed,
+    row_argmax,
 )
 from surge.sampling_params import SamplingParams
 
@@ -281,3 +282,19 @@ def test_logprobs_zero_and_more_than_vocab() -> None:
     assert out.logprobs[0] == pytest.approx(float(raw[2]), abs=1e-6)
     out = SAMPLER(logits, [row(temperature=0.0, logprobs=20)])
     assert [t for t, _ in out.top_logprobs[0] or []] == [2, 1, 0]
+
+
+@pytest.mark.parametrize("vocab", [49152, 640, 100])  # chunked (64 | vocab) and the plain path
+def test_row_argmax_is_argmax_with_first_index_on_ties(vocab: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(9, vocab, generator=gen)
+    x[1] = -torch.inf  # an all-masked row: index 0, as argmax
+    x[2, :] = 0.0
+    x[2, [5, 70, vocab - 1]] = 3.0  # ties across chunks: the first wins
+    x[3, [vocab - 1, vocab - 2]] = 50.0  # the max in the last chunk
+    x[4, 0] = 50.0
+    x[5] = x[5].round()  # many ties everywhere
+    got = row_argmax(x)
+    assert got.tolist() == x.argmax(dim=-1).tolist()
+    assert got[2].item() == 5
+    assert row_argmax(x.to(torch.bfloat16)).tolist() == x.to(torch.bfloat16).argmax(-1).tolist()
