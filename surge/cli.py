@@ -218,11 +218,10 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import asyncio
-
+    from surge.server.event_loop import run
     from surge.server.launch import serve
 
-    return asyncio.run(serve(server_config(args), engine_config(args)))
+    return run(serve(server_config(args), engine_config(args)))
 
 
 # Subcommands with their own parsers and packages: `surge bench ...`, `surge gateway ...`.

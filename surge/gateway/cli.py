@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from collections.abc import Mapping
@@ -12,6 +11,7 @@ from typing import Any
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
 from surge.gateway.config_file import config_from_mapping, read_mapping
 from surge.gateway.launch import serve
+from surge.server.event_loop import run as run_event_loop
 
 # flag -> (config section or None for top level, field, type, help). Every flag defaults to
 # None, meaning "not given": then the config file's value, else the dataclass default, holds.
@@ -166,4 +166,4 @@ def main(argv: list[str]) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per proxied request
-    return asyncio.run(serve(config))
+    return run_event_loop(serve(config))
