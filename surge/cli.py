@@ -218,7 +218,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from surge.server.event_loop import run
+    from surge.event_loop import run
     from surge.server.launch import serve
 
     return run(serve(server_config(args), engine_config(args)))

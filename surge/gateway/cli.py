@@ -8,10 +8,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from surge.event_loop import run as run_event_loop
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
 from surge.gateway.config_file import config_from_mapping, read_mapping
 from surge.gateway.launch import serve
-from surge.server.event_loop import run as run_event_loop
 
 # flag -> (config section or None for top level, field, type, help). Every flag defaults to
 # None, meaning "not given": then the config file's value, else the dataclass default, holds.
