@@ -79,7 +79,6 @@ class AsyncEngineClient:
         self.dead_reason: str | None = None
         self._closing = False
         self._on_dead: list[asyncio.Event] = []
-        self._reading = True
         self._loop.add_reader(from_engine.fileno(), self._on_readable)
 
     # ---- start and stop --------------------------------------------------------------------
@@ -217,9 +216,7 @@ class AsyncEngineClient:
             self._mark_dead(f"engine process exited (code {self._process.exitcode})")
 
     def _stop_reading(self) -> None:
-        if self._reading:
-            self._reading = False
-            self._loop.remove_reader(self._from_engine.fileno())
+        self._loop.remove_reader(self._from_engine.fileno())  # False if already removed
 
     def _dispatch(self, msg: FromEngine) -> None:
         if isinstance(msg, Outputs):

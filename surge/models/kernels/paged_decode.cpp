@@ -117,7 +117,6 @@ void decode_kernel(
   });
 }
 
-
 #ifdef __AVX512F__
 // The same computation with AVX-512 registers, for head sizes that are a multiple of 16.
 // Per (request, kv head): the group's queries stay in registers (float32, pre-scaled); each key
@@ -251,7 +250,8 @@ void attend_chunk(const T* q, const T* kh, const T* vh, const int64_t* table, in
 template <typename T, int HD>
 void decode_kernel_avx512(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
                           const int64_t* lens, T* out, int64_t D, int64_t H, int64_t kvh,
-                          int64_t num_blocks, int64_t bs, int64_t max_blocks, float scale) {
+                          int64_t /*hd: HD*/, int64_t num_blocks, int64_t bs, int64_t max_blocks,
+                          float scale) {
   constexpr int kChunk = 256 / HD;  // queries per pass: their registers fit beside the K rows
   const int64_t group = H / kvh;
   at::parallel_for(0, D * kvh, 1, [&](int64_t begin, int64_t end) {
@@ -302,14 +302,8 @@ torch::Tensor paged_decode(
     };
 #ifdef __AVX512F__
     if constexpr (!std::is_same_v<scalar_t, double>) {
-      auto run_avx = [&](auto kernel) {
-        kernel(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
-               block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
-               out.data_ptr<scalar_t>(), D, H, kvh, num_blocks, bs, block_tables.size(1),
-               static_cast<float>(scale));
-      };
-      if (hd == 64) return run_avx(decode_kernel_avx512<scalar_t, 64>);
-      if (hd == 128) return run_avx(decode_kernel_avx512<scalar_t, 128>);
+      if (hd == 64) return run(decode_kernel_avx512<scalar_t, 64>);
+      if (hd == 128) return run(decode_kernel_avx512<scalar_t, 128>);
     }
 #endif
     if (hd == 64) run(decode_kernel<scalar_t, 64>);
