@@ -14,36 +14,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import torch
-from torch.utils.cpp_extension import load
+from old_kernel import build_old
 
 from surge.models.kernels import load_paged_decode
 
-SOURCE = "surge/models/kernels/paged_decode.cpp"
 SHAPES = [(1, 150), (8, 150), (64, 140), (64, 500)]  # (requests, tokens in context)
-
-
-def build_old(rev: str, build: Path) -> None:
-    src = subprocess.run(
-        ["git", "show", f"{rev}:{SOURCE}"], check=True, capture_output=True, text=True
-    ).stdout
-    for kind in ("TORCH_LIBRARY_FRAGMENT(surge,", "TORCH_LIBRARY_IMPL(surge,"):
-        src = src.replace(kind, kind.replace("(surge,", "(surge_old,"))
-    path = build / "paged_decode_old.cpp"
-    path.write_text(src)
-    flags = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
-    load(
-        name="surge_paged_decode_old",
-        sources=[str(path)],
-        extra_cflags=flags,
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(build),
-    )
 
 
 def main() -> None:
@@ -52,7 +30,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     assert load_paged_decode() is not None, "the kernel does not build here"
-    build_old(args.against, Path(tempfile.mkdtemp(prefix="surge-old-kernel-")))
+    build_old("paged_decode", args.against)
     ops = {"old": torch.ops.surge_old.paged_decode, "new": torch.ops.surge.paged_decode}
     heads, kv_heads, head_dim, block, layers = 9, 3, 64, 16, 30
     gen = torch.Generator().manual_seed(0)

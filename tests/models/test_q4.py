@@ -73,9 +73,12 @@ def _rounded_per_block(x: torch.Tensor) -> torch.Tensor:
 
 @needs_kernel
 @pytest.mark.parametrize("k", [64, 576, 1536])
-def test_kernel_is_the_file_weights_times_the_rounded_activations(k: int) -> None:
+@pytest.mark.parametrize("n", [70, 300])
+def test_kernel_is_the_file_weights_times_the_rounded_activations(k: int, n: int) -> None:
+    """n = 70: four tiles of 16 output channels and 6 left over, one thread; 300: 18 tiles
+    split between threads, the last range also taking the 12 left over."""
     torch.manual_seed(1)
-    w, bias = torch.randn(70, k) * 0.05, torch.randn(70)
+    w, bias = torch.randn(n, k) * 0.05, torch.randn(n)
     qs, dm = quantize_q4(w)
     wd = dequantize_q4(qs, dm)
     for rows in (1, 3, 8, 9, 17):  # 8 rows share a pass over the weights; 9 and 17 spill over
