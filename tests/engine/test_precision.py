@@ -3,6 +3,9 @@ and the accuracy of bf16 and int8 against float32 on the real SmolLM2."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,6 +122,25 @@ def test_compile_matches_eager(tiny_model_dir: Path, quantization: str, num_prom
     got = [o.outputs[0].token_ids for o in compiled.generate(prompts, GREEDY, use_tqdm=False)]
     assert got == ref
     assert compiled.engine.runner._compiled_buckets == ({4} if num_prompts == 3 else {0})
+
+
+def test_compiled_graphs_are_kept_under_surges_cache(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`surge` keeps inductor's cache beside its other caches (inductor's default is under /tmp)
+    unless TORCHINDUCTOR_CACHE_DIR says otherwise; the engine process inherits the variable.
+    Checked in fresh processes, where torch has not fixed the variable yet."""
+    script = (
+        "import os, sys\n"
+        "import surge.cli as cli\n"
+        "cli.cmd_info = lambda args: print(os.environ['TORCHINDUCTOR_CACHE_DIR']) or 0\n"
+        "sys.exit(cli.main(['info', '--model', sys.argv[1]]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    run = [sys.executable, "-c", script, str(tiny_model_dir)]
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split()[-1] == str(Path.home() / ".cache" / "surge" / "inductor")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run(run, env=env, capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split()[-1] == str(tmp_path)
 
 
 @pytest.mark.slow
