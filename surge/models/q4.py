@@ -70,10 +70,10 @@ class Q4Linear(nn.Module):
     """A linear layer with 4-bit block weights for decode-sized batches and an int8 copy for
     the rest. Up to GEMV_MAX_ROWS rows the compiled kernel (`torch.ops.surge.q4_gemv`: int8
     activations per block, VNNI dot products) reads 0.625 bytes per weight, where the one-row
-    step is bound by memory bandwidth; larger batches are bound by compute, where int8 W8A8
-    is ~3x faster than the block kernel (benchmarks/bench_q4_kernel.py --rows 64), so they
-    take the int8 copy. Both are held: 1.625 bytes per weight, the price of the fastest path
-    at every size."""
+    step is bound by memory bandwidth; large batches are bound by compute, where int8 W8A8
+    is ~1.6x faster than the block kernel (benchmarks/bench_q4_kernel.py --rows 64), so
+    batches past GEMV_MAX_ROWS take the int8 copy. Both are held: 1.625 bytes per weight,
+    the price of the fastest path at every size."""
 
     qs: Tensor
     dm: Tensor
