@@ -25,6 +25,12 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     default_max_tokens: int | None = None  # None: up to the context length, as vLLM
     log_requests: bool = False
+    # Added to the API process's nice value once the engine process has started (which keeps
+    # its own), so that on a box of few cores the engine's threads win the CPU they wait for
+    # mid-step. On 2 cores +5 made one stream faster in 29 of 36 rounds, but 64 streams were
+    # faster in one series and slower in the next, with later first tokens (BENCHMARKS.md,
+    # "Fourth pass"): opt-in. 0 leaves the priority alone.
+    api_niceness: int = 0
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -38,5 +44,7 @@ class ServerConfig:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if not 0 <= self.api_niceness <= 19:
+            raise ValueError(f"api_niceness must be in 0..19, got {self.api_niceness}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")

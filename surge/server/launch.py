@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from types import FrameType
 
@@ -74,6 +75,10 @@ async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int
         "engine ready (pid %s): %s, %s on %s, context %d",
         client.pid, path.name, client.info.dtype, client.info.device, client.max_model_len,
     )  # fmt: skip
+    if server_config.api_niceness:
+        # After the engine's start, so that it keeps the priority it was started with. (On
+        # Linux this is the calling thread's: the event loop's, and threads it starts later.)
+        log.info("API process niceness %d", os.nice(server_config.api_niceness))
     metrics = ServerMetrics(server_config.served_model_name, max_model_len=client.max_model_len)
     ResourceMonitor().register(metrics.registry)
     metrics.set_health(True)

@@ -15,7 +15,7 @@ from tests.servers import ServerProcess
 
 
 def test_sigterm_drains_in_flight_then_exits_zero(tiny_model_dir: Path) -> None:
-    server = ServerProcess(tiny_model_dir, "--drain-timeout", "60")
+    server = ServerProcess(tiny_model_dir, "--drain-timeout", "60", "--api-niceness", "5")
     try:
         _drain_and_check(server)
     finally:
@@ -24,6 +24,11 @@ def test_sigterm_drains_in_flight_then_exits_zero(tiny_model_dir: Path) -> None:
 
 def _drain_and_check(server: ServerProcess) -> None:
     engine = psutil.Process(server.engine_pid())
+    # --api-niceness: the API process gave up CPU priority once the engine had started; the
+    # engine kept its own.
+    base = os.nice(0)
+    assert psutil.Process(server.proc.pid).nice() == min(base + 5, 19)
+    assert engine.nice() == base
     result: dict[str, object] = {}
 
     def stream() -> None:
