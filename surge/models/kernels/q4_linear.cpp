@@ -100,12 +100,12 @@ const QuantizedX& quantize_blocks(const T* x, int64_t M, int64_t K) {
     const T* xm = x + m * K;
     int8_t* qm = out.q.data() + m * K;
     for (int64_t b = 0; b < B; ++b) {
+      alignas(64) float row[kBlock];
+      to_float(xm + b * kBlock, row, kBlock);
       alignas(64) int8_t q[kBlock];
       float d;
       int32_t qsum = 0;
 #ifdef SURGE_AVX512_VNNI
-      alignas(64) float row[kBlock];
-      to_float(xm + b * kBlock, row, kBlock);
       const __m512 v0 = _mm512_load_ps(row), v1 = _mm512_load_ps(row + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
       d = amax / 127.f;
@@ -117,8 +117,6 @@ const QuantizedX& quantize_blocks(const T* x, int64_t M, int64_t K) {
       _mm_store_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(q0));
       _mm_store_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(q1));
 #else
-      float row[kBlock];
-      to_float(xm + b * kBlock, row, kBlock);
       float amax = 0.f;
       for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(row[i]));
       d = amax / 127.f;
@@ -141,10 +139,6 @@ const QuantizedX& quantize_blocks(const T* x, int64_t M, int64_t K) {
     }
   }
   return out;
-}
-
-inline float half_to_float(uint16_t h) {
-  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
 }
 
 #ifdef SURGE_AVX512_VNNI
@@ -248,6 +242,10 @@ void q4_rows(const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq, int64_
   }
 }
 #else
+inline float half_to_float(uint16_t h) {
+  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+}
+
 // Portable path: the same sums, one weight at a time.
 template <int MR, typename T>
 void q4_rows(const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq, int64_t m0,
