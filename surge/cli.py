@@ -49,6 +49,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "q4: 4-bit blocks (GGUF Q4_1) for decode batches, int8 for larger ones",
     )
     g.add_argument("--compile", action="store_true", help="torch.compile the decode step (opt-in)")
+    g.add_argument(
+        "--no-fused-decode",
+        action="store_true",
+        help="q4: run decode steps of up to 8 requests layer by layer, not as one compiled call",
+    )
     g.add_argument("--device", default="auto")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--block-size", type=int, default=16)
@@ -111,6 +116,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             use_kernels=not args.no_kernels,
             quantization=args.quantization,
             compile=args.compile,
+            fused_decode=not args.no_fused_decode,
         ),
         cache=CacheConfig(
             block_size=args.block_size,

@@ -52,6 +52,7 @@ class EngineCore:
             cache.block_size,
             config.model.use_kernels,
             config.model.compile,
+            config.model.fused_decode,
         )
         if config.model.compile and config.model.compile_warmup:
             log.info("compiled decode graphs ready in %.1f s", self.runner.warm_up())

@@ -16,6 +16,8 @@ from surge.engine.sampler import Sampler, SamplingRow
 from surge.models.attention import AttnMetadata, PrefillChunk
 from surge.models.kernels import load_int8_linear, load_paged_decode
 from surge.models.llama import LlamaForCausalLM
+from surge.models.q4_decode import MAX_ROWS as FUSED_MAX_ROWS
+from surge.models.q4_decode import FusedQ4Decode
 from surge.models.quant import GEMV_MAX_ROWS
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ class ModelRunner:
         block_size: int,
         use_kernels: bool = True,
         compile: bool = False,
+        fused_decode: bool = True,
     ) -> None:
         self.model = model
         self.decode_op: Callable[..., Tensor] | None = None
@@ -52,6 +55,12 @@ class ModelRunner:
                 self.write_kv_op = torch.ops.surge.write_kv
             load_int8_linear()  # registers its ops' shapes for torch.compile
         self.kv_caches = kv_caches
+        # 4-bit models on CPU: small decode steps as one compiled call (None: not applicable).
+        self.fused: FusedQ4Decode | None = None
+        if fused_decode and use_kernels and device.type == "cpu":
+            self.fused = FusedQ4Decode.build(model, kv_caches)
+            if self.fused is not None:
+                log.info("decode steps of up to %d requests: fused 4-bit stack", FUSED_MAX_ROWS)
         # allocate_kv_cache adds one block past the pool: padded rows write their K/V there.
         self.scratch_slot = (kv_caches[0][0].shape[1] - 1) * block_size if kv_caches else 0
         self.sampler = sampler
@@ -70,9 +79,14 @@ class ModelRunner:
     def run(self, batch: SchedulerOutput) -> SampledTokens:
         if batch.is_empty:
             return SampledTokens({})
-        bucket = self.bucket_for(batch)
-        input_ids, positions, attn, sample_reqs = self.prepare(batch, pad_to=bucket)
-        logits = self.forward(bucket, input_ids, positions, attn)[: len(sample_reqs)]
+        if self._fused_step(batch):
+            assert self.fused is not None
+            input_ids, positions, attn, sample_reqs = self.prepare(batch)
+            logits = self.fused(input_ids, positions, attn)
+        else:
+            bucket = self.bucket_for(batch)
+            input_ids, positions, attn, sample_reqs = self.prepare(batch, pad_to=bucket)
+            logits = self.forward(bucket, input_ids, positions, attn)[: len(sample_reqs)]
         rows: list[SamplingRow] = [r.sampling for r in sample_reqs if r.sampling is not None]
         out = self.sampler(logits, rows)
         tokens: dict[str, SampledToken] = {}
@@ -92,6 +106,8 @@ class ModelRunner:
         t0 = time.perf_counter()
         empty = SchedulerOutput((), 0)
         for rows in (*COMPILE_BUCKETS, DYNAMIC_MIN):
+            if self.fused is not None and rows <= FUSED_MAX_ROWS:
+                continue  # these steps take the fused stack: no graph needed
             ids, positions, attn, _ = self.prepare(empty, pad_to=rows)
             self._run_compiled(rows, ids, positions, attn)
         return time.perf_counter() - t0
@@ -103,6 +119,14 @@ class ModelRunner:
         if bucket is None:
             return self.model(ids, positions, attn)
         return self._run_compiled(bucket, ids, positions, attn)
+
+    def _fused_step(self, batch: SchedulerOutput) -> bool:
+        n = len(batch.requests)
+        return (
+            self.fused is not None
+            and n <= FUSED_MAX_ROWS
+            and all(r.is_decode for r in batch.requests)
+        )
 
     def bucket_for(self, batch: SchedulerOutput) -> int | None:
         """The row count a pure-decode step runs compiled at (padded up to a bucket, or as it is

@@ -58,6 +58,12 @@ def load_q4_linear(build_dir: Path | None = None) -> ModuleType | None:
     return _load("q4_linear", build_dir)
 
 
+def load_q4_decode(build_dir: Path | None = None) -> ModuleType | None:
+    """The fused 4-bit decode stack (class Q4DecodeStack; `supported` is False without
+    AVX-512 VNNI), or None."""
+    return _load("q4_decode", build_dir)
+
+
 def _register_fakes() -> None:
     """Shape-only versions of the ops, so torch.compile can trace a graph through them."""
     import torch

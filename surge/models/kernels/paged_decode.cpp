@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <type_traits>
 #include <vector>
-#include "avx512_common.h"
+#include "decode_attention.h"
 
 namespace {
 
@@ -116,99 +116,9 @@ void decode_kernel(
 }
 
 #ifdef __AVX512F__
-// The same computation with AVX-512 registers, for head sizes that are a multiple of 16.
-// Per (request, kv head): the group's queries stay in registers (float32, pre-scaled); each key
-// row is widened once and dotted with every query of the chunk; 16 keys' dot-product vectors are
-// summed across lanes together (hsum16), not one by one; then the softmax; then each value row is
-// widened once and accumulated into register-resident outputs. Memory traffic is one read of the
-// request's K and V rows per chunk of queries (one chunk when group <= 256 / head size).
-
-using surge::hsum16;
-using surge::load16;
-using surge::store16;
-
-// exp(x) for x <= 0, 16 lanes: fast_exp's range reduction and polynomial.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-  const __m512 fi = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, fi);
-  __m512 p = _mm512_set1_ps(0.000154035304f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00133335581f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00961812911f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0555041087f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240226507f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693147182f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvtps_epi32(fi), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
-
-// Scores, softmax and weighted values of G queries (G * HD / 16 <= 16 registers) against one
-// request's keys and values for one kv head; q rows are consecutive, `out` rows too.
-template <typename T, int HD, int G>
-void attend_chunk(const T* q, const T* kh, const T* vh, const int64_t* table, int64_t bs,
-                  int64_t len, float scale, float* scores, T* out) {
-  constexpr int V = HD / 16;
-  __m512 qr[G][V];
-  for (int g = 0; g < G; ++g)
-    for (int i = 0; i < V; ++i)
-      qr[g][i] = _mm512_mul_ps(load16(q + g * HD + i * 16), _mm512_set1_ps(scale));
-  const int64_t padded = (len + 15) & ~int64_t(15);
-  __m512 mx[G], part[G][16];
-  for (int g = 0; g < G; ++g) mx[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t t0 = 0; t0 < padded; t0 += 16) {
-    for (int j = 0; j < 16; ++j) {
-      const int64_t t = t0 + j;
-      if (t >= len) {
-        for (int g = 0; g < G; ++g) part[g][j] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-        continue;
-      }
-      const T* kr = kh + (table[t / bs] * bs + t % bs) * HD;
-      __m512 k[V];
-      for (int i = 0; i < V; ++i) k[i] = load16(kr + i * 16);
-      for (int g = 0; g < G; ++g) {
-        __m512 s = _mm512_mul_ps(qr[g][0], k[0]);
-        for (int i = 1; i < V; ++i) s = _mm512_fmadd_ps(qr[g][i], k[i], s);
-        part[g][j] = s;
-      }
-    }
-    for (int g = 0; g < G; ++g) {
-      // A -inf lane sums to -inf: the padding keys past len score -inf, as masking wants.
-      const __m512 s = hsum16(part[g]);
-      store16(scores + g * padded + t0, s);
-      mx[g] = _mm512_max_ps(mx[g], s);
-    }
-  }
-  float inv[G];
-  for (int g = 0; g < G; ++g) {
-    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx[g]));
-    __m512 sum = _mm512_setzero_ps();
-    float* sg = scores + g * padded;
-    for (int64_t t0 = 0; t0 < padded; t0 += 16) {
-      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + t0), m));
-      _mm512_storeu_ps(sg + t0, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    inv[g] = 1.f / _mm512_reduce_add_ps(sum);
-  }
-  __m512 acc[G][V];
-  for (int g = 0; g < G; ++g)
-    for (int i = 0; i < V; ++i) acc[g][i] = _mm512_setzero_ps();
-  for (int64_t t = 0; t < len; ++t) {
-    const T* vr = vh + (table[t / bs] * bs + t % bs) * HD;
-    __m512 v[V];
-    for (int i = 0; i < V; ++i) v[i] = load16(vr + i * 16);
-    for (int g = 0; g < G; ++g) {
-      const __m512 p = _mm512_set1_ps(scores[g * padded + t]);
-      for (int i = 0; i < V; ++i) acc[g][i] = _mm512_fmadd_ps(p, v[i], acc[g][i]);
-    }
-  }
-  for (int g = 0; g < G; ++g)
-    for (int i = 0; i < V; ++i)
-      store16(out + g * HD + i * 16, _mm512_mul_ps(acc[g][i], _mm512_set1_ps(inv[g])));
-}
+// The same computation with AVX-512 registers (decode_attention.h), for head sizes that are a
+// multiple of 16, parallel over (request, kv head).
+using surge::attend_chunk;
 
 template <typename T, int HD>
 void decode_kernel_avx512(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
