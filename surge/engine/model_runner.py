@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 # Pure-decode steps run compiled. Up to 8 requests (int8's GEMV regime, where per-op overhead
 # is most of a step) the count is padded to one of these and each has a graph specialized to it;
 # 9 to MAX_COMPILED_SEQS share one graph whose batch dimension is dynamic. Five compiles in all,
-# none at a new batch size later; larger batches run eagerly.
+# none at a new batch size later; larger batches run eagerly. (4-bit models on CPU run decode
+# steps of up to FUSED_MAX_ROWS requests through the fused stack instead, compiled or not.)
 COMPILE_BUCKETS = (1, 2, 4, 8)
 MAX_COMPILED_SEQS = 512
 DYNAMIC = 0  # the "bucket" of the dynamic graph
