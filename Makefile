@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install model serve generate test test-fast lint format bench clean
+.PHONY: install model kernels serve generate test test-fast lint format bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,11 @@ generate: model
 serve: model
 	$(BIN)/surge serve $(ARGS)
 
-test: model
+# The compiled CPU kernels, all at once (otherwise built one by one on first use).
+kernels: install
+	$(BIN)/python -m surge.models.kernels
+
+test: model kernels
 	$(BIN)/python -m pytest -q
 
 test-fast: install

@@ -26,15 +26,15 @@ needs_stack = pytest.mark.skipif(
 BLOCK = 16
 
 
-def small_spec(attention_bias: bool) -> ModelSpec:
+def small_spec(attention_bias: bool, num_heads: int = 4) -> ModelSpec:
     # Every width a multiple of 64 (the 4-bit layout), head size 64 (the stack's smallest).
     return ModelSpec(
         architecture="qwen2" if attention_bias else "llama",
         vocab_size=300,
-        hidden_size=256,
+        hidden_size=64 * num_heads,
         intermediate_size=640,
         num_layers=2,
-        num_heads=4,
+        num_heads=num_heads,
         num_kv_heads=2,
         head_dim=64,
         rms_norm_eps=1e-5,
@@ -93,20 +93,22 @@ def step(
 
 @needs_stack
 @pytest.mark.parametrize(
-    ("dtype", "attention_bias", "lens"),
+    ("dtype", "attention_bias", "heads", "lens"),
     [
-        (torch.float32, False, [1]),
-        (torch.float32, False, [40]),
-        (torch.float32, True, [5, 16, 17]),
-        (torch.float32, False, [1, 2, 15, 16, 17, 33, 64, 100]),
-        (torch.float32, False, [3 + 9 * i for i in range(12)]),  # two passes: 8 rows, then 4
-        (torch.bfloat16, False, [1, 31, 77]),
+        (torch.float32, False, 4, [1]),
+        (torch.float32, False, 4, [40]),
+        (torch.float32, True, 4, [5, 16, 17]),
+        # Enough rows that attention goes a KV head's group at a time (2 queries, then 3).
+        (torch.float32, False, 4, [1, 2, 15, 16, 17, 33, 64, 100]),
+        (torch.float32, False, 6, [1, 2, 15, 16, 17, 33, 64, 100]),
+        (torch.float32, False, 4, [3 + 9 * i for i in range(12)]),  # two passes: 8 rows, then 4
+        (torch.bfloat16, False, 4, [1, 31, 77]),
     ],
 )
 def test_stack_matches_layer_by_layer(
-    dtype: torch.dtype, attention_bias: bool, lens: list[int]
+    dtype: torch.dtype, attention_bias: bool, heads: int, lens: list[int]
 ) -> None:
-    spec = small_spec(attention_bias)
+    spec = small_spec(attention_bias, heads)
     model = q4_model(spec, dtype)
     shape = (spec.num_kv_heads, 64, BLOCK, spec.head_dim)
     torch.manual_seed(1)
@@ -130,10 +132,13 @@ def test_stack_matches_layer_by_layer(
         got = fused(ids, positions, AttnMetadata(**{**_fields(attn), "kv_caches": base}))
         del model.compute_logits
     assert got.shape == want.shape == (len(lens), spec.hidden_size)
-    # float32: the same sums in another order; bfloat16: the layer-by-layer path rounds every
-    # intermediate to 8 bits of mantissa where the stack keeps float32.
-    tol = 2e-4 if dtype == torch.float32 else 5e-2
-    assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
+    # float32: the same sums in another order, so nearly every value agrees to rounding, and
+    # the few where that reordering tipped an activation's int8 rounding by one step differ a
+    # little more; bfloat16: the layer-by-layer path rounds every intermediate to 8 bits of
+    # mantissa where the stack keeps float32.
+    err = (got.float() - want.float()).abs() / want.float().abs().max()
+    tol, typical = (5e-3, 1e-6) if dtype == torch.float32 else (5e-2, 5e-3)
+    assert err.max() <= tol and err.median() <= typical
     assert torch.equal(logits, head(got).float())  # the caller's head on those states
     assert (logits.argmax(-1) == head(want).float().argmax(-1)).all()
     for (rk, rv), (fk, fv) in zip(ref_caches, fused_caches, strict=True):
@@ -141,6 +146,7 @@ def test_stack_matches_layer_by_layer(
             ref_f, out_f = ref.float().flatten(1, 2), out.float().flatten(1, 2)
             written = attn.slot_mapping
             assert torch.allclose(out_f[:, written], ref_f[:, written], rtol=tol, atol=tol)
+            assert (out_f[:, written] - ref_f[:, written]).abs().median() <= typical
             others = torch.ones(ref_f.shape[1], dtype=torch.bool)
             others[written] = False
             assert torch.equal(out_f[:, others], ref_f[:, others])  # nothing else touched

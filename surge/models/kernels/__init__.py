@@ -15,6 +15,8 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 _cache: dict[str, ModuleType | None] = {}
+# Every kernel module, by its source's name (`python -m surge.models.kernels` builds them all).
+KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode")
 
 
 def _load(name: str, build_dir: Path | None) -> ModuleType | None:

@@ -104,6 +104,31 @@ inline void rope(float* v, const float* cos, const float* sin, int64_t hd) {
   }
 }
 
+// Query heads attended per pass over a KV head's rows: their registers fit beside the K rows.
+template <int HD>
+constexpr int64_t kChunk = 256 / HD;
+
+// G (1..kChunk) consecutive query heads against one KV head's cache.
+template <typename T, int HD>
+void attend_heads(int64_t G, const float* q, const T* kh, const T* vh, const int64_t* table,
+                  int64_t bs, int64_t len, float scale, float* scores, float* out) {
+  switch (G) {
+    case 1: surge::attend_chunk<T, HD, 1>(q, kh, vh, table, bs, len, scale, scores, out); break;
+    case 2:
+      if constexpr (kChunk<HD> >= 2)
+        surge::attend_chunk<T, HD, 2>(q, kh, vh, table, bs, len, scale, scores, out);
+      break;
+    case 3:
+      if constexpr (kChunk<HD> >= 3)
+        surge::attend_chunk<T, HD, 3>(q, kh, vh, table, bs, len, scale, scores, out);
+      break;
+    case 4:
+      if constexpr (kChunk<HD> >= 4)
+        surge::attend_chunk<T, HD, 4>(q, kh, vh, table, bs, len, scale, scores, out);
+      break;
+  }
+}
+
 class Q4DecodeStack {
  public:
   Q4DecodeStack(const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& k_caches,
@@ -230,7 +255,7 @@ class Q4DecodeStack {
 #pragma omp parallel num_threads(nt)
     {
       const int tid = omp_get_thread_num(), n = omp_get_num_threads();
-      std::vector<float> scores(s.padded_len);
+      std::vector<float> scores(kChunk<HD> * s.padded_len);
       for (const Layer& L : layers_) {
         if (tid == 0) {
           rms_norm(x, L.ln1.data_ptr<float>(), norm_.data(), M, H, eps_);
@@ -261,14 +286,24 @@ class Q4DecodeStack {
         }
 #pragma omp barrier
         {
-          const auto [b, e] = share(M * heads_, tid, n);
+          // Units of work: with few rows one query head each (SmolLM2's 9 heads balance over
+          // 2 threads where its 3 KV heads do not); with enough rows a KV head's whole group,
+          // its K/V rows read once for all of the group's queries.
+          const int64_t per = M * kv_heads_ >= 4 * n ? group : 1;  // query heads per unit
+          const int64_t units_per_row = heads_ / per;
+          const auto [b, e] = share(M * units_per_row, tid, n);
           const int64_t head_stride = L.k_cache.size(1) * s.bs * HD;
           for (int64_t u = b; u < e; ++u) {
-            const int64_t m = u / heads_, h = u % heads_, kvh = h / group;
-            surge::attend_chunk<T, HD, 1>(qkv_.data() + m * qkv_n_ + h * HD,
-                                          kc + kvh * head_stride, vc + kvh * head_stride,
-                                          s.tables + m * s.max_blocks, s.bs, s.lens[m], scale,
-                                          scores.data(), attn_.data() + m * q_size + h * HD);
+            const int64_t m = u / units_per_row, h0 = (u % units_per_row) * per;
+            const int64_t kvh = h0 / group;
+            for (int64_t g0 = 0; g0 < per; g0 += kChunk<HD>) {
+              const int64_t h = h0 + g0;
+              attend_heads<T, HD>(std::min<int64_t>(kChunk<HD>, per - g0),
+                                  qkv_.data() + m * qkv_n_ + h * HD, kc + kvh * head_stride,
+                                  vc + kvh * head_stride, s.tables + m * s.max_blocks, s.bs,
+                                  s.lens[m], scale, scores.data(),
+                                  attn_.data() + m * q_size + h * HD);
+            }
           }
         }
 #pragma omp barrier
