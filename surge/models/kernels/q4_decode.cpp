@@ -31,7 +31,7 @@ constexpr int64_t kTensorsPerLayer = 11;
 
 struct Q4Weight {
   torch::Tensor qs, dm;  // held: the pointers below stay valid
-  int64_t N = 0, K = 0;
+  int64_t N = 0;  // output channels
   const uint8_t* q() const { return qs.data_ptr<uint8_t>(); }
   const uint16_t* d() const { return reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>()); }
 };
@@ -48,7 +48,7 @@ Q4Weight q4_weight(const torch::Tensor& qs, const torch::Tensor& dm, int64_t n, 
   TORCH_CHECK(qs.is_contiguous() && dm.is_contiguous(), what, ": contiguous");
   TORCH_CHECK(qs.size(0) == n && qs.size(1) * 2 == k && k % 64 == 0, what, ": shape");
   TORCH_CHECK(dm.size(0) == n && dm.size(1) == 2 && dm.size(2) * 32 == k, what, ": scales");
-  return Q4Weight{qs, dm, n, k};
+  return Q4Weight{qs, dm, n};
 }
 
 torch::Tensor float_vector(const torch::Tensor& t, int64_t n, const char* what) {
@@ -209,12 +209,11 @@ class Q4DecodeStack {
       max_len = std::max(max_len, lens[m]);
     }
     torch::Tensor out = x.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
-    norm_.resize(M * std::max(hidden_, heads_ * hd_));
+    norm_.resize(M * hidden_);
     qkv_.resize(M * qkv_n_);
     attn_.resize(M * heads_ * hd_);
     gu_.resize(M * 2 * inter_);
     act_.resize(M * inter_);
-    resize(xq_, M, std::max(hidden_, inter_));
     Step s{M, bs, slots, max_blocks, (max_len + 15) & ~int64_t(15), pos, slot, lens, tables,
            out.data_ptr<float>()};
     switch (cache_dtype_) {

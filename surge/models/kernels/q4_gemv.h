@@ -17,10 +17,6 @@
 
 namespace surge::q4 {
 
-
-using surge::kMaxRows;
-using surge::to_float;
-
 constexpr int64_t kBlock = 32;
 constexpr int64_t kGroup = 512;  // 16 blocks
 constexpr int64_t kTile = 16;    // weight rows reduced together
@@ -260,7 +256,6 @@ void q4_rows(const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq, int64_
   }
 }
 #endif
-
 
 // Output channels [n0, n1) of all M rows of `xq` (in passes of up to kMaxRows rows).
 template <bool ADD, typename T>
