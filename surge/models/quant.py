@@ -4,13 +4,17 @@
 
 Which matmul runs depends on M, the rows of the activation (tokens in the step):
 
-    M <= gemv_max_rows   weight-only GEMV: each int8 weight read once, widened to float32 and
+    CPU with the compiled kernels, "int8" and "w8a8": every M takes W8A8 on weights packed at
+                         load for the kernel (kernels/w8a8_gemm.h): activations quantized per
+                         row (dynamic, with a zero point) inside the call, an int8 GEMM on VNNI,
+                         the scales applied on the way out. 1.7-2.5x torch._int_mm with the two
+                         ends around it at 16-64 rows; at 1 row within ~5% of the GEMV below.
+    M <= gemv_max_rows   otherwise, weight-only GEMV: each int8 weight read once, widened and
                          multiplied into every row (compiled kernel on CPU). M = 1 is bound by
                          memory bandwidth, and int8 is 1/2 of bf16's bytes and 1/4 of fp32's.
-    larger M, "int8"     W8A8: activations quantized per row (dynamic, with a zero point), then an
-                         int8 x int8 -> int32 GEMM (torch._int_mm: VNNI/AMX on CPU, IMMA on CUDA),
-                         scaled back by scale_x[m] * scale_w[n] after subtracting
-                         zero_x[m] * sum_k q[n, k]. Compute-bound shapes gain ~1.5-2x.
+    larger M, "int8"     W8A8 in torch ops: activations quantized per row, then an int8 x int8 ->
+                         int32 GEMM (torch._int_mm: VNNI/AMX on CPU, IMMA on CUDA), scaled back
+                         by scale_x[m] * scale_w[n] after subtracting zero_x[m] * sum_k q[n, k].
     larger M, "int8-weight-only"   the weight dequantized to the activation dtype, then a float
                          GEMM: no activation rounding, for accuracy comparisons.
 
@@ -25,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from surge.models.kernels import load_int8_linear
+from surge.models.kernels import load_int8_linear, load_w8a8_linear
 from surge.models.spec import ModelSpec
 
 QUANTIZATIONS = ("none", "int8", "int8-weight-only", "w8a8", "q4")
@@ -50,6 +54,21 @@ def dequantize_int8(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32
     return (q.float() * scale[:, None]).to(dtype)
 
 
+def pack_int8(q: Tensor) -> Tensor:
+    """int8 [N, K] -> [ceil(N/16), ceil(K/4), 16, 4], zero-padded: the layout of the compiled
+    W8A8 GEMM (kernels/w8a8_gemm.h), where one 64-byte load is 16 channels x 4 inputs."""
+    n, k = q.shape
+    padded = torch.zeros((n + 15) // 16 * 16, (k + 3) // 4 * 4, dtype=torch.int8, device=q.device)
+    padded[:n, :k] = q
+    return padded.reshape(-1, 16, padded.shape[1] // 4, 4).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack_int8(packed: Tensor, n: int, k: int) -> Tensor:
+    """Inverse of `pack_int8`: int8 [N, K]."""
+    rows = packed.permute(0, 2, 1, 3).reshape(packed.shape[0] * 16, packed.shape[1] * 4)
+    return rows[:n, :k].contiguous()
+
+
 def quantize_rows_ref(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per-row dynamic asymmetric quantization in torch ops (the compiled kernel's reference):
     x [M, K] -> (int8 q, float32 scale [M], int32 zero [M]), x ~= scale * (q - zero). The range
@@ -66,7 +85,8 @@ def quantize_rows_ref(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights; `mode` picks the kernel per M (see the module doc)."""
 
-    weight: Tensor  # [out_features, in_features] int8
+    # [out_features, in_features] int8, or packed for the compiled W8A8 GEMM (pack_int8)
+    weight: Tensor
     scale: Tensor  # [out_features] float32
     wsum: Tensor  # [out_features] int32: sum of each row of `weight`, for W8A8's zero points
     bias: Tensor | None
@@ -83,13 +103,16 @@ class Int8Linear(nn.Module):
         if mode not in INT8_MODES:
             raise ValueError(f"unknown int8 mode {mode!r}")
         self.out_features, self.in_features = q.shape
-        self.register_buffer("weight", q.contiguous())
+        # Compiled CPU helpers loaded (torch.ops.surge.*); else (CUDA, no toolchain) torch ops.
+        self.kernels = kernels
+        # The packed GEMM serves every M of "int8" and "w8a8", so the weights are held in its
+        # layout only; "int8-weight-only" keeps its row-major GEMV and float matmul.
+        self.packed = kernels and mode != "int8-weight-only" and load_w8a8_linear() is not None
+        self.register_buffer("weight", pack_int8(q) if self.packed else q.contiguous())
         self.register_buffer("scale", scale.float().contiguous())
         self.register_buffer("wsum", q.sum(dim=1, dtype=torch.int32))
         self.register_buffer("bias", None if bias is None else bias.float())
         self.mode = mode
-        # Compiled CPU helpers loaded (torch.ops.surge.*); else (CUDA, no toolchain) torch ops.
-        self.kernels = kernels
 
     @classmethod
     def from_float(cls, linear: nn.Linear, mode: str = "int8", kernels: bool = False) -> Int8Linear:
@@ -100,8 +123,24 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.mode}"
 
+    def dense_weight(self) -> Tensor:
+        """The int8 weights as [out_features, in_features], whatever their stored layout."""
+        if self.packed:
+            return unpack_int8(self.weight, self.out_features, self.in_features)
+        return self.weight
+
+    def rows(self, ids: Tensor) -> Tensor:
+        """Rows `ids` of the int8 weights: [len(ids), in_features] (an embedding lookup)."""
+        if not self.packed:
+            return self.weight.index_select(0, ids)
+        picked = self.weight[ids // 16, :, ids % 16, :]  # [n, K/4, 4]
+        return picked.reshape(ids.shape[0], -1)[:, : self.in_features]
+
     def path(self, rows: int) -> str:
-        """The kernel that runs for `rows` activation rows: "gemv", "w8a8" or "dequant"."""
+        """The kernel that runs for `rows` activation rows: "packed", "gemv", "w8a8" or
+        "dequant"."""
+        if self.packed:
+            return "packed"
         if self.mode == "w8a8" and self._int_mm_ok(rows):
             return "w8a8"
         if rows <= GEMV_MAX_ROWS:
@@ -119,6 +158,11 @@ class Int8Linear(nn.Module):
         """[M, in] -> [M, out] in `out_dtype` (default: x's dtype)."""
         dtype = out_dtype or x.dtype
         path = self.path(x.shape[0])
+        if path == "packed":
+            out: Tensor = torch.ops.surge.w8a8_linear(
+                x, self.weight, self.scale, self.wsum, self.bias, dtype
+            )
+            return out
         if path == "gemv":
             return self.gemv(x).to(dtype)
         if path == "w8a8":
@@ -178,7 +222,7 @@ class Int8Embedding(nn.Module):
         return cls(Int8Linear(q, scale, None, mode, kernels), dtype)
 
     def forward(self, ids: Tensor) -> Tensor:  # [num_tokens] -> [num_tokens, hidden]
-        rows = self.head.weight.index_select(0, ids).to(torch.float32)
+        rows = self.head.rows(ids).to(torch.float32)
         return (rows * self.head.scale.index_select(0, ids)[:, None]).to(self.dtype)
 
 

@@ -13,8 +13,10 @@ from surge.models.quant import (
     Int8Embedding,
     Int8Linear,
     dequantize_int8,
+    pack_int8,
     quantize_int8,
     quantize_rows_ref,
+    unpack_int8,
     weight_bytes,
 )
 
@@ -40,7 +42,7 @@ def test_quantize_round_trip() -> None:
 
 
 def _reference(layer: Int8Linear, x: torch.Tensor) -> torch.Tensor:
-    w = dequantize_int8(layer.weight, layer.scale)
+    w = dequantize_int8(layer.dense_weight(), layer.scale)
     bias = layer.bias
     return x.float() @ w.t() + (0 if bias is None else bias)
 
@@ -72,7 +74,7 @@ def test_int8_linear_matches_dequantized_reference(
         ref = _reference(layer, x)
         path = layer.path(rows)
         # gemv rounds activations to 16 bits, w8a8 to 8 bits (per row); bf16 output rounding.
-        rel = {"gemv": 1e-3, "dequant": 1e-3, "w8a8": 2.5e-2}[path]
+        rel = {"gemv": 1e-3, "dequant": 1e-3, "w8a8": 2.5e-2, "packed": 2.5e-2}[path]
         if dtype == torch.bfloat16:
             rel = max(rel, 1e-2)
         err = (got.float() - ref).abs().max().item() / ref.abs().max().item()
@@ -115,6 +117,61 @@ def test_tied_embedding_shares_the_head() -> None:
     assert torch.allclose(qemb(ids), ref[ids], atol=1e-6)
     x = torch.randn(2, 64, generator=gen)
     logits = qemb.head(x)
-    assert torch.allclose(logits, x @ ref.t(), rtol=1e-3, atol=1e-3 * logits.abs().max().item())
-    # One int8 matrix serves both: 1 byte per weight, a scale and a row sum (8 bytes) per row.
-    assert weight_bytes(qemb) == 300 * 64 + 300 * 8
+    # Packed, the head quantizes its activations to 8 bits per row (W8A8); else a 16-bit GEMV.
+    tol = 2.5e-2 if qemb.head.packed else 1e-3
+    assert torch.allclose(logits, x @ ref.t(), rtol=tol, atol=tol * logits.abs().max().item())
+    # One int8 matrix serves both: 1 byte per weight, a scale and a row sum (8 bytes) per row;
+    # packed for the GEMM, the rows are padded to a multiple of 16.
+    rows = 304 if qemb.head.packed else 300
+    assert weight_bytes(qemb) == rows * 64 + 300 * 8
+
+
+def test_pack_int8_round_trip() -> None:
+    q = torch.randint(
+        -127, 128, (37, 70), dtype=torch.int8, generator=torch.Generator().manual_seed(3)
+    )
+    packed = pack_int8(q)
+    assert packed.shape == (3, 18, 16, 4)  # 37 rows -> 48, 70 columns -> 72
+    assert torch.equal(unpack_int8(packed, 37, 70), q)
+    # One 64-byte line: 16 output channels x 4 consecutive inputs.
+    assert torch.equal(packed[1, 2], q[16:32, 8:12])
+    assert (packed[2, :, 5:] == 0).all() and (packed[:, 17, :, 2:] == 0).all()
+
+
+@pytest.mark.parametrize(
+    ("m", "k", "n"), [(1, 576, 960), (5, 40, 37), (13, 1536, 576), (64, 576, 3072), (3, 7, 200)]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_gemm_equals_int_mm_path(m: int, k: int, n: int, dtype: torch.dtype) -> None:
+    """The packed GEMM computes quantize_rows + torch._int_mm + dequantize_int32's sums exactly
+    (its zero point is theirs + 128), for every tile shape and channel tail."""
+    if not _kernels() or not hasattr(torch.ops.surge, "w8a8_linear"):
+        pytest.skip("no C++ toolchain")
+    gen = torch.Generator().manual_seed(m * k + n)
+    q, scale = quantize_int8(torch.randn(n, k, generator=gen))
+    wsum = q.sum(dim=1, dtype=torch.int32)
+    bias = torch.randn(n, generator=gen)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    x[0, : k // 2] = x[0, : k // 2].abs()  # a skewed row: its zero point is far from 128
+    got = torch.ops.surge.w8a8_linear(x, pack_int8(q), scale, wsum, bias, None)
+    assert got.dtype == dtype and got.shape == (m, n)
+    xq, sx, zx = torch.ops.surge.quantize_rows(x)
+    acc = torch._int_mm(xq, q.t()) if m > 16 else (xq.int() @ q.int().t())
+    ref = torch.ops.surge.dequantize_int32(acc.int(), sx, zx, scale, wsum, bias, dtype)
+    assert torch.equal(got, ref)
+    as_float = torch.ops.surge.w8a8_linear(x, pack_int8(q), scale, wsum, None, torch.float32)
+    assert as_float.dtype == torch.float32
+    assert torch.allclose(
+        as_float + bias, ref.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2
+    )
+
+
+def test_packed_layer_serves_every_row_count() -> None:
+    if not _kernels() or not hasattr(torch.ops.surge, "w8a8_linear"):
+        pytest.skip("no C++ toolchain")
+    layer = Int8Linear(torch.zeros(16, 64, dtype=torch.int8), torch.ones(16), kernels=True)
+    assert layer.packed and layer.path(1) == "packed" and layer.path(512) == "packed"
+    only = Int8Linear(
+        torch.zeros(16, 64, dtype=torch.int8), torch.ones(16), mode="int8-weight-only", kernels=True
+    )
+    assert not only.packed and only.path(1) == "gemv"

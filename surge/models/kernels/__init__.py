@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 _HERE = Path(__file__).parent
 _cache: dict[str, ModuleType | None] = {}
 # Every kernel module, by its source's name (`python -m surge.models.kernels` builds them all).
-KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode")
+KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode", "w8a8_linear")
 
 
 def _load(name: str, build_dir: Path | None) -> ModuleType | None:
@@ -60,6 +60,11 @@ def load_q4_linear(build_dir: Path | None = None) -> ModuleType | None:
     return _load("q4_linear", build_dir)
 
 
+def load_w8a8_linear(build_dir: Path | None = None) -> ModuleType | None:
+    """The prepacked W8A8 GEMM (surge::w8a8_linear), or None."""
+    return _load("w8a8_linear", build_dir)
+
+
 def load_q4_decode(build_dir: Path | None = None) -> ModuleType | None:
     """The fused 4-bit decode stack (class Q4DecodeStack; `supported` is False without
     AVX-512 VNNI), or None."""
@@ -79,6 +84,16 @@ def _register_fakes() -> None:
         x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         return x.new_empty((x.shape[0], qs.shape[0]))
+
+    def fake_w8a8_linear(
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        scale: torch.Tensor,
+        wsum: torch.Tensor,
+        bias: torch.Tensor | None,
+        out_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], scale.shape[0]), dtype=out_dtype or x.dtype)
 
     def fake_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = x.shape[0]
@@ -112,6 +127,7 @@ def _register_fakes() -> None:
     fakes = {
         "surge::int8_gemv": fake_int8_gemv,
         "surge::q4_gemv": fake_q4_gemv,
+        "surge::w8a8_linear": fake_w8a8_linear,
         "surge::quantize_rows": fake_quantize_rows,
         "surge::dequantize_int32": fake_dequantize_int32,
         "surge::paged_decode": fake_paged_decode,
