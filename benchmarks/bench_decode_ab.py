@@ -1,11 +1,13 @@
-"""One-request decode step time of several quantizations, interleaved in one process so that
-this machine's drift between runs falls on all of them alike.
+"""Decode step time of several configurations, interleaved in one process so that this
+machine's drift between runs falls on all of them alike.
 
-    python benchmarks/bench_decode_ab.py [--quantizations int8,q4] [--rounds 6] [--steps 40]
-        [--no-compile]
+    python benchmarks/bench_decode_ab.py [--configs int8+compile,q4+compile] [--requests 1]
+        [--rounds 6] [--steps 40]
 
-Each configuration decodes one ~100-token request; rounds alternate between them, each round
-the median of `steps` engine steps. Compiled configurations build only the one-row graph.
+A configuration is a quantization with optional suffixes: "+compile" (torch.compile, only the
+graph for this batch size is built) and "+layers" (no fused decode stack: layer by layer).
+Each decodes `requests` ~100-token requests at once; rounds alternate between the
+configurations, each round the median of `steps` engine steps.
 """
 
 from __future__ import annotations
@@ -18,29 +20,41 @@ from surge import LLM, SamplingParams
 from surge.engine.outputs import EngineCoreRequest
 
 
+def build(config: str, requests: int) -> LLM:
+    quantization, *flags = config.split("+")
+    unknown = set(flags) - {"compile", "layers"}
+    if unknown:
+        raise SystemExit(f"unknown flags {unknown} in {config!r}")
+    return LLM(
+        "smollm2-135m",
+        quantization=quantization,
+        compile="compile" in flags,
+        compile_warmup=False,
+        fused_decode="layers" not in flags,
+        max_num_seqs=max(requests, 4),
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quantizations", default="int8,q4")
+    ap.add_argument("--configs", default="int8+compile,q4+compile")
+    ap.add_argument("--requests", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--no-compile", action="store_true")
     args = ap.parse_args()
-    compile_ = not args.no_compile
-    llms = {
-        q: LLM(
-            "smollm2-135m",
-            quantization=q,
-            compile=compile_,
-            compile_warmup=False,
-            max_num_seqs=4,
-        )
-        for q in args.quantizations.split(",")
-    }
+    llms = {c: build(c, args.requests) for c in args.configs.split(",")}
     text = "Large language models are served to many users at once by batching requests. " * 8
     params = SamplingParams(temperature=0.0, max_tokens=1_000_000, ignore_eos=True)
-    for name, llm in llms.items():
-        llm.engine.add_request(EngineCoreRequest(name, llm.tokenizer.encode(text)[:100], params))
-        for _ in range(8):  # the prefill, then the first decodes (and the compile)
+    for llm in llms.values():
+        for i in range(args.requests):
+            ids = llm.tokenizer.encode(f"{i}: {text}")[:100]
+            llm.engine.add_request(EngineCoreRequest(str(i), ids, params))
+        sched = llm.engine.scheduler
+        while sched.waiting or any(
+            r.num_computed_tokens < r.num_prompt_tokens for r in sched.running
+        ):
+            llm.engine.step()  # the prefills
+        for _ in range(4):  # the first decodes (and the compile)
             llm.engine.step()
     rounds: dict[str, list[float]] = {name: [] for name in llms}
     for _ in range(args.rounds):
@@ -51,11 +65,11 @@ def main() -> None:
                 llm.engine.step()
                 times.append(time.perf_counter() - t)
             rounds[name].append(statistics.median(times) * 1e3)
-    what = "compiled" if compile_ else "eager"
+    print(f"{args.requests} requests, median ms a step per round:")
     for name, ms in rounds.items():
         per_round = " ".join(f"{x:.2f}" for x in ms)
-        tok_s = 1000 / statistics.median(ms)
-        print(f"{name:10s} ({what}) step ms per round: {per_round}  -> {tok_s:.1f} tok/s")
+        tok_s = args.requests * 1000 / statistics.median(ms)
+        print(f"  {name:18s} {per_round}  -> {tok_s:.1f} tok/s")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ MATMUL_OPS = {
     "aten::_int_mm",
     "surge::int8_gemv",
     "surge::q4_gemv",
+    "surge::w8a8_linear",
     "mkldnn::_linear_pointwise",
 }
 # The two ends of W8A8 around aten::_int_mm.
@@ -65,16 +66,23 @@ def main() -> None:
 
     phases: dict[str, float] = defaultdict(float)
     ops: dict[str, float] = defaultdict(float)
+    stack = eng.runner.fused.stack if eng.runner.fused is not None else None
+    if stack is not None:
+        stack.phase_seconds()  # reset
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
             t0 = time.perf_counter()
             batch = eng.scheduler.schedule(time.monotonic())
             t1 = time.perf_counter()
             with torch.inference_mode():
-                bucket = eng.runner.bucket_for(batch)
+                fused = eng.runner.fused if eng.runner._fused_step(batch) else None
+                bucket = None if fused else eng.runner.bucket_for(batch)
                 ids, pos, attn, sample_reqs = eng.runner.prepare(batch, pad_to=bucket)
                 t2 = time.perf_counter()
-                logits = eng.runner.forward(bucket, ids, pos, attn)[: len(sample_reqs)]
+                if fused is not None:  # the fused decode stack, as ModelRunner.run takes it
+                    logits = fused(ids, pos, attn)
+                else:
+                    logits = eng.runner.forward(bucket, ids, pos, attn)[: len(sample_reqs)]
                 t3 = time.perf_counter()
                 rows = [r.sampling for r in sample_reqs if r.sampling is not None]
                 out = eng.runner.sampler(logits, rows)
@@ -95,6 +103,8 @@ def main() -> None:
             ops["other torch ops"] += evt.self_cpu_time_total
         elif "CompiledFxGraph" in evt.key:  # inductor's fused kernels, self time
             ops["compiled"] += evt.self_cpu_time_total
+        elif evt.key == "fused decode stack":
+            ops["stack"] += evt.self_cpu_time_total
     steps = args.steps
     total = sum(phases.values())
     what = f"{args.dtype}, quantization {args.quantization}" + (
@@ -115,7 +125,13 @@ def main() -> None:
         print(f"    W8A8 quantize/dequantize {quant_ms:7.2f} ms")
     if compiled_ms:
         print(f"    compiled graph (fused kernels) {compiled_ms:7.2f} ms")
-    rest = model_ms - matmul_ms - other_ms - quant_ms - compiled_ms
+    stack_ms = ops["stack"] / steps / 1e3
+    if stack_ms:
+        print(f"    fused decode stack (all layers) {stack_ms:7.2f} ms, by phase:")
+        assert stack is not None
+        for name, sec in stack.phase_seconds():
+            print(f"      {name:12s} {sec / steps * 1e3:7.2f} ms")
+    rest = model_ms - matmul_ms - other_ms - quant_ms - compiled_ms - stack_ms
     rest += phases["sampler"] / steps * 1e3
     print(f"    attention kernel + Python, by difference: {max(rest, 0):7.2f} ms")
     if args.top:

@@ -16,7 +16,6 @@ from surge.engine.sampler import Sampler, SamplingRow
 from surge.models.attention import AttnMetadata, PrefillChunk
 from surge.models.kernels import load_int8_linear, load_paged_decode
 from surge.models.llama import LlamaForCausalLM
-from surge.models.q4_decode import MAX_ROWS as FUSED_MAX_ROWS
 from surge.models.q4_decode import FusedQ4Decode
 from surge.models.quant import GEMV_MAX_ROWS
 
@@ -26,7 +25,7 @@ log = logging.getLogger(__name__)
 # is most of a step) the count is padded to one of these and each has a graph specialized to it;
 # 9 to MAX_COMPILED_SEQS share one graph whose batch dimension is dynamic. Five compiles in all,
 # none at a new batch size later; larger batches run eagerly. (4-bit models on CPU run decode
-# steps of up to FUSED_MAX_ROWS requests through the fused stack instead, compiled or not.)
+# steps through the fused stack instead, up to its max_rows, compiled or not.)
 COMPILE_BUCKETS = (1, 2, 4, 8)
 MAX_COMPILED_SEQS = 512
 DYNAMIC = 0  # the "bucket" of the dynamic graph
@@ -61,7 +60,7 @@ class ModelRunner:
         if fused_decode and use_kernels and device.type == "cpu":
             self.fused = FusedQ4Decode.build(model, kv_caches)
             if self.fused is not None:
-                log.info("decode steps of up to %d requests: fused 4-bit stack", FUSED_MAX_ROWS)
+                log.info("decode steps of up to %d requests: fused stack", self.fused.max_rows)
         # allocate_kv_cache adds one block past the pool: padded rows write their K/V there.
         self.scratch_slot = (kv_caches[0][0].shape[1] - 1) * block_size if kv_caches else 0
         self.sampler = sampler
@@ -107,7 +106,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         empty = SchedulerOutput((), 0)
         for rows in (*COMPILE_BUCKETS, DYNAMIC_MIN):
-            if self.fused is not None and rows <= FUSED_MAX_ROWS:
+            if self.fused is not None and rows <= self.fused.max_rows:
                 continue  # these steps take the fused stack: no graph needed
             ids, positions, attn, _ = self.prepare(empty, pad_to=rows)
             self._run_compiled(rows, ids, positions, attn)
@@ -125,7 +124,7 @@ class ModelRunner:
         n = len(batch.requests)
         return (
             self.fused is not None
-            and n <= FUSED_MAX_ROWS
+            and n <= self.fused.max_rows
             and all(r.is_decode for r in batch.requests)
         )
 

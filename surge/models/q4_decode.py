@@ -1,9 +1,12 @@
 """A decode step's decoder layers as one compiled call, for 4-bit models on CPU.
 
-`kernels/q4_decode.cpp` runs every layer of a step of up to MAX_ROWS decodes inside one
-OpenMP region (no dispatcher call, fork/join or tensor allocation per op); the embedding, the
-final norm and the LM head stay the model's own. The layer-by-layer path (eager or compiled)
-serves everything else: prefill chunks, larger batches, other quantizations and devices.
+`kernels/q4_decode.cpp` runs every layer of a decode step inside one OpenMP region (no
+dispatcher call, fork/join or tensor allocation per op); the embedding, the final norm and the
+LM head stay the model's own. Up to Q4_MAX_ROWS requests its projections read the 4-bit
+weights; larger steps (up to `max_rows`) take the layers' int8 copies through the packed W8A8
+GEMM, when the model holds them packed (CPU kernels), else stop at Q4_MAX_ROWS. The
+layer-by-layer path (eager or compiled) serves everything else: prefill chunks, other
+quantizations and devices.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from surge.models.q4 import Q4Linear
 
 log = logging.getLogger(__name__)
 
-# Decode steps of up to this many requests take the stack. Engine steps against the compiled
-# layer-by-layer path (4-bit up to 8 rows, int8 W8A8 past that), 256 tokens per request:
-# 1.23x at 1 request, 1.12x at 4, 1.08x at 8 and 12, 1.03x at 16, 0.85x at 24 (the 4-bit
-# kernel is compute-bound there, where W8A8 is faster).
-MAX_ROWS = 16
+# Up to this many rows the stack's projections read the 4-bit weights, past it the int8 copies.
+# Engine steps, one against the other (SmolLM2, ~100-token requests, 6 alternating rounds):
+# the 4-bit weights 1.30x at 2 requests and 1.34x at 3; the int8 copies 1.05x at 4, 1.34x at
+# 8 and 1.75x at 16 (the 4-bit kernel is compute-bound past a few rows, the packed GEMM is not
+# bound by memory until then).
+Q4_MAX_ROWS = 3
 
 
 class FusedQ4Decode:
@@ -36,14 +40,19 @@ class FusedQ4Decode:
         self.model = model
         self.stack = stack
         self.dtype = model.norm.weight.dtype
+        self.max_rows: int = stack.max_rows  # the largest step it takes
 
     @classmethod
     def build(
-        cls, model: LlamaForCausalLM, kv_caches: Sequence[tuple[Tensor, Tensor]]
+        cls,
+        model: LlamaForCausalLM,
+        kv_caches: Sequence[tuple[Tensor, Tensor]],
+        q4_max_rows: int = Q4_MAX_ROWS,
     ) -> FusedQ4Decode | None:
         """The fused path for this model and cache, or None where it does not apply (not all
         layers 4-bit with kernels, no AVX-512 VNNI, an unsupported head size or cache)."""
         weights: list[Tensor] = []
+        int8: list[Tensor] = []  # the int8 copies, packed, when every projection has one
         for layer in model.layers:
             assert isinstance(layer, DecoderLayer)
             attn, mlp = layer.self_attn, layer.mlp
@@ -61,6 +70,10 @@ class FusedQ4Decode:
             weights.append(bias if bias is not None else torch.empty(0))
             weights += [o.qs, o.dm, layer.post_attention_layernorm.weight]
             weights += [gate_up.qs, gate_up.dm, down.qs, down.dm]
+            for p in (qkv, o, gate_up, down):
+                int8 += [p.int8.weight, p.int8.scale, p.int8.wsum] if p.int8.packed else []
+        if len(int8) != 12 * len(model.layers):
+            int8 = []
         if not kv_caches or kv_caches[0][0].device.type != "cpu":
             return None
         module = load_q4_decode()
@@ -70,6 +83,7 @@ class FusedQ4Decode:
         try:
             stack = module.Q4DecodeStack(
                 [w.detach() for w in weights],
+                int8,
                 [k for k, _ in kv_caches],
                 [v for _, v in kv_caches],
                 model.rotary.cos,
@@ -77,6 +91,7 @@ class FusedQ4Decode:
                 spec.num_heads,
                 spec.num_kv_heads,
                 spec.rms_norm_eps,
+                q4_max_rows,
             )
         except RuntimeError as e:  # a shape or dtype the stack does not take: layer by layer
             log.info("fused 4-bit decode not used: %s", e)
@@ -84,10 +99,11 @@ class FusedQ4Decode:
         return cls(model, stack)
 
     def __call__(self, ids: Tensor, positions: Tensor, attn: AttnMetadata) -> Tensor:
-        """A pure-decode step of at most MAX_ROWS rows -> logits [num_sampled, vocab] float32."""
+        """A pure-decode step of at most `max_rows` rows -> logits [num_sampled, vocab] float32."""
         x = self.model.embed_tokens(ids)  # [rows, hidden]
-        h = self.stack.forward(
-            x, positions, attn.slot_mapping, attn.decode_block_tables, attn.decode_seq_lens
-        )  # [rows, hidden] float32, after the last layer
+        with torch.profiler.record_function("fused decode stack"):
+            h = self.stack.forward(
+                x, positions, attn.slot_mapping, attn.decode_block_tables, attn.decode_seq_lens
+            )  # [rows, hidden] float32, after the last layer
         h = self.model.norm(h[attn.logits_indices].to(self.dtype))
         return self.model.compute_logits(h)

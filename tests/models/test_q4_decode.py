@@ -1,6 +1,7 @@
-"""The fused 4-bit decode stack (kernels/q4_decode.cpp) against the layer-by-layer model: the
-same logits and the same K/V written to the cache, for 1 to 8 rows of different lengths across
-block boundaries; and in the engine, the same greedy tokens on the real SmolLM2."""
+"""The fused decode stack (kernels/q4_decode.cpp) against the layer-by-layer model: the same
+logits and the same K/V written to the cache, for 1 to 20 rows of different lengths across block
+boundaries, on the 4-bit weights and on their int8 copies (larger steps); and in the engine, the
+answers of the real SmolLM2."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from surge import LLM, SamplingParams
 from surge.models.attention import AttnMetadata
 from surge.models.kernels import load_paged_decode, load_q4_decode
 from surge.models.llama import LlamaForCausalLM
-from surge.models.q4_decode import MAX_ROWS, FusedQ4Decode
-from surge.models.quant import quantize_model
+from surge.models.q4_decode import Q4_MAX_ROWS, FusedQ4Decode
+from surge.models.quant import GEMV_MAX_ROWS, quantize_model
 from surge.models.spec import ModelSpec
 
 module = load_q4_decode()
@@ -91,44 +92,59 @@ def step(
     return ids, torch.tensor(lens) - 1, attn
 
 
+LONG = [3 + 9 * i for i in range(12)]  # two row tiles: 8 rows, then 4
+MANY = [1 + 5 * i for i in range(20)]
+
+
 @needs_stack
 @pytest.mark.parametrize(
-    ("dtype", "attention_bias", "heads", "lens"),
+    ("dtype", "attention_bias", "heads", "lens", "q4_max_rows"),
     [
-        (torch.float32, False, 4, [1]),
-        (torch.float32, False, 4, [40]),
-        (torch.float32, True, 4, [5, 16, 17]),
+        (torch.float32, False, 4, [1], Q4_MAX_ROWS),
+        (torch.float32, False, 4, [40], Q4_MAX_ROWS),
+        (torch.float32, True, 4, [5, 16, 17], Q4_MAX_ROWS),
         # Enough rows that attention goes a KV head's group at a time (2 queries, then 3).
-        (torch.float32, False, 4, [1, 2, 15, 16, 17, 33, 64, 100]),
-        (torch.float32, False, 6, [1, 2, 15, 16, 17, 33, 64, 100]),
-        (torch.float32, False, 4, [3 + 9 * i for i in range(12)]),  # two passes: 8 rows, then 4
-        (torch.bfloat16, False, 4, [1, 31, 77]),
+        (torch.float32, False, 4, [1, 2, 15, 16, 17, 33, 64, 100], Q4_MAX_ROWS),
+        (torch.float32, False, 6, [1, 2, 15, 16, 17, 33, 64, 100], Q4_MAX_ROWS),
+        (torch.float32, False, 4, LONG, Q4_MAX_ROWS),
+        (torch.bfloat16, False, 4, [1, 31, 77], Q4_MAX_ROWS),
+        # The int8 copies through the packed GEMM, per-row phases split by rows.
+        (torch.float32, False, 4, LONG, GEMV_MAX_ROWS),
+        (torch.float32, True, 6, MANY, GEMV_MAX_ROWS),
+        (torch.bfloat16, True, 4, MANY, GEMV_MAX_ROWS),
     ],
 )
 def test_stack_matches_layer_by_layer(
-    dtype: torch.dtype, attention_bias: bool, heads: int, lens: list[int]
+    dtype: torch.dtype, attention_bias: bool, heads: int, lens: list[int], q4_max_rows: int
 ) -> None:
     spec = small_spec(attention_bias, heads)
     model = q4_model(spec, dtype)
-    shape = (spec.num_kv_heads, 64, BLOCK, spec.head_dim)
+    shape = (spec.num_kv_heads, 128, BLOCK, spec.head_dim)
     torch.manual_seed(1)
     # The earlier tokens' K/V: random, the same in both caches.
     base = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(2)]
     ref_caches = [(k.clone(), v.clone()) for k, v in base]
     fused_caches = [(k.clone(), v.clone()) for k, v in base]
-    fused = FusedQ4Decode.build(model, fused_caches)
-    assert fused is not None and len(lens) <= MAX_ROWS
+    fused = FusedQ4Decode.build(model, fused_caches, q4_max_rows)
+    assert fused is not None and len(lens) <= fused.max_rows
+    # On the int8 copies the reference is the model's own int8 path: all rows at once, past
+    # GEMV_MAX_ROWS (the same weights and per-row activation scheme).
+    int8 = len(lens) > q4_max_rows
+    assert not int8 or len(lens) > GEMV_MAX_ROWS
     ids, positions, attn = step(spec, lens, ref_caches)
     fused_attn = AttnMetadata(**{**_fields(attn), "kv_caches": fused_caches})
     head = model.compute_logits
     with torch.inference_mode():
         logits = fused(ids, positions, fused_attn)
-        # The final hidden states (after the norm), compared before the head: past
-        # GEMV_MAX_ROWS rows the head rounds its input to int8 per row, which would amplify
-        # float32 reordering. The reference runs row by row (past GEMV_MAX_ROWS rows its
-        # layers would take their int8 copy).
+        # The final hidden states (after the norm), compared before the head: the head rounds
+        # its input to int8 per row, which would amplify float32 reordering. On the 4-bit
+        # weights the reference runs row by row (past GEMV_MAX_ROWS rows its layers would take
+        # their int8 copy).
         model.compute_logits = lambda x: x  # type: ignore[method-assign]
-        want = torch.cat([model(*row(ids, positions, attn, i)) for i in range(len(lens))])
+        if int8:
+            want = model(ids, positions, attn)
+        else:
+            want = torch.cat([model(*row(ids, positions, attn, i)) for i in range(len(lens))])
         got = fused(ids, positions, AttnMetadata(**{**_fields(attn), "kv_caches": base}))
         del model.compute_logits
     assert got.shape == want.shape == (len(lens), spec.hidden_size)
@@ -186,11 +202,11 @@ def test_refuses_what_it_cannot_run() -> None:
 
 @needs_stack
 def test_engine_answers_through_the_stack() -> None:
-    """Real SmolLM2, 4-bit, default dtype: decode steps of up to 16 requests take the stack, larger
-    ones run layer by layer, and the answers are the model's. (Token-for-token equality with the
-    layer-by-layer path is not expected on a 30-layer model: rounding activations to int8
-    amplifies float32 reordering; a 1e-7 change of one norm weight moves that path's logits by
-    as much as the stack differs from it.)"""
+    """Real SmolLM2, 4-bit, default dtype: decode steps take the stack, on the 4-bit weights up
+    to Q4_MAX_ROWS requests and on the int8 copies past that, and the answers are the model's.
+    (Token-for-token equality with the layer-by-layer path is not expected on a 30-layer model:
+    rounding activations to int8 amplifies float32 reordering; a 1e-7 change of one norm
+    weight moves that path's logits by as much as the stack differs from it.)"""
     llm = LLM("smollm2-135m", quantization="q4")
     runner = llm.engine.runner
     assert runner.fused is not None
@@ -209,7 +225,8 @@ def test_engine_answers_through_the_stack() -> None:
     assert rows and set(rows) == {1}
     rows.clear()
     many = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    texts = [f"{i} + {i} =" for i in range(MAX_ROWS + 4)]
+    texts = ["The capital of France is"] * (Q4_MAX_ROWS + 4)
     outs = llm.generate(texts, many, use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 4 for o in outs)
-    assert rows == []  # MAX_ROWS + 4 decodes a step: layer by layer
+    assert max(rows) == Q4_MAX_ROWS + 4  # all of them in one step: the int8 copies
+    assert all("Paris" in o.outputs[0].text for o in outs)

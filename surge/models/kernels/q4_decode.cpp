@@ -1,5 +1,5 @@
-// The decoder layers of a decode step (up to a few requests, one token each) of a Llama-family
-// model with 4-bit layers, in one call. Per layer: RMSNorm, the fused q/k/v projection, rotary
+// The decoder layers of a decode step (one token per request) of a Llama-family model with
+// 4-bit layers, in one call. Per layer: RMSNorm, the fused q/k/v projection, rotary
 // embedding, the K/V cache write, paged attention, the output projection and residual add,
 // RMSNorm, the fused gate/up projection, SiLU * up, the down projection and residual add.
 //
@@ -11,15 +11,24 @@
 // serial phases (a norm, quantizing a row) run on thread 0. Buffers live in the object and are
 // reused, so a step allocates nothing but its output.
 //
+// Batches: up to `q4_max_rows` rows the projections read the 4-bit weights (q4_gemv.h: bound by
+// memory, 0.625 bytes a weight); past that, when the layers' int8 copies are given, they run
+// the packed W8A8 GEMM (w8a8_gemm.h), which is compute-bound there and faster. With many rows
+// the per-row phases (norms, quantization, rotary + cache write, SiLU) are split by rows too.
+//
 // Numerics: the residual stream and every intermediate stay float32 (the layer-by-layer path
 // rounds them to the model dtype between ops); the KV cache is written in its own dtype. The
-// projections are q4_gemv's (q4_gemv.h), the attention paged_decode's (decode_attention.h).
+// projections are q4_gemv's or w8a8_linear's, the attention paged_decode's (decode_attention.h).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
+#include <array>
+#include <chrono>
 #include <cmath>
+#include <string>
 #include <vector>
 #include "q4_gemv.h"
+#include "w8a8_gemm.h"
 #include "decode_attention.h"
 
 namespace {
@@ -28,6 +37,7 @@ namespace {
 using namespace surge::q4;
 
 constexpr int64_t kTensorsPerLayer = 11;
+constexpr int64_t kInt8TensorsPerLayer = 12;  // packed, scale, wsum of qkv, o, gate_up, down
 
 struct Q4Weight {
   torch::Tensor qs, dm;  // held: the pointers below stay valid
@@ -36,9 +46,16 @@ struct Q4Weight {
   const uint16_t* d() const { return reinterpret_cast<const uint16_t*>(dm.data_ptr<at::Half>()); }
 };
 
+// A projection's int8 copy, packed for the W8A8 GEMM (tensors held: the pointers stay valid).
+struct Int8Weight {
+  torch::Tensor packed, scale, wsum;
+  surge::w8a8::Weights w{};
+};
+
 struct Layer {
   torch::Tensor ln1, ln2, qkv_bias;  // float32; qkv_bias empty without one
   Q4Weight qkv, o, gate_up, down;
+  Int8Weight qkv8, o8, gate_up8, down8;  // empty without int8 copies
   torch::Tensor k_cache, v_cache;  // [kv_heads, num_blocks, block_size, head_dim]
 };
 
@@ -49,6 +66,21 @@ Q4Weight q4_weight(const torch::Tensor& qs, const torch::Tensor& dm, int64_t n, 
   TORCH_CHECK(qs.size(0) == n && qs.size(1) * 2 == k && k % 64 == 0, what, ": shape");
   TORCH_CHECK(dm.size(0) == n && dm.size(1) == 2 && dm.size(2) * 32 == k, what, ": scales");
   return Q4Weight{qs, dm, n};
+}
+
+Int8Weight int8_weight(const torch::Tensor* t, int64_t n, int64_t k, const float* bias,
+                       const char* what) {
+  Int8Weight r{t[0], t[1], t[2]};
+  TORCH_CHECK(r.packed.scalar_type() == at::kChar && r.packed.is_contiguous() &&
+              r.packed.dim() == 4 && r.packed.size(0) == (n + 15) / 16 &&
+              r.packed.size(1) * 4 == surge::w8a8::padded_k(k), what, ": packed int8 shape");
+  TORCH_CHECK(r.scale.scalar_type() == at::kFloat && r.scale.is_contiguous() && r.scale.size(0) == n,
+              what, ": int8 scale");
+  TORCH_CHECK(r.wsum.scalar_type() == at::kInt && r.wsum.is_contiguous() && r.wsum.size(0) == n,
+              what, ": int8 row sums");
+  r.w = {r.packed.data_ptr<int8_t>(), r.scale.data_ptr<float>(), r.wsum.data_ptr<int32_t>(), bias,
+         n, k};
+  return r;
 }
 
 torch::Tensor float_vector(const torch::Tensor& t, int64_t n, const char* what) {
@@ -131,12 +163,20 @@ void attend_heads(int64_t G, const float* q, const T* kh, const T* vh, const int
 
 class Q4DecodeStack {
  public:
-  Q4DecodeStack(const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& k_caches,
+  // int8: per layer kInt8TensorsPerLayer tensors (the projections' packed int8 copies), or none.
+  Q4DecodeStack(const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& int8,
+                const std::vector<torch::Tensor>& k_caches,
                 const std::vector<torch::Tensor>& v_caches, const torch::Tensor& cos,
-                const torch::Tensor& sin, int64_t num_heads, int64_t num_kv_heads, double eps)
-      : heads_(num_heads), kv_heads_(num_kv_heads), eps_(static_cast<float>(eps)) {
+                const torch::Tensor& sin, int64_t num_heads, int64_t num_kv_heads, double eps,
+                int64_t q4_max_rows)
+      : heads_(num_heads), kv_heads_(num_kv_heads), eps_(static_cast<float>(eps)),
+        q4_max_rows_(q4_max_rows) {
     TORCH_CHECK(weights.size() % kTensorsPerLayer == 0, "q4_decode: weights per layer");
     const int64_t layers = weights.size() / kTensorsPerLayer;
+    TORCH_CHECK(int8.empty() || int8.size() == static_cast<size_t>(layers * kInt8TensorsPerLayer),
+                "q4_decode: int8 copies per layer");
+    TORCH_CHECK(q4_max_rows >= 1, "q4_decode: q4_max_rows >= 1");
+    has_int8_ = !int8.empty();
     TORCH_CHECK(layers > 0 && k_caches.size() == static_cast<size_t>(layers) &&
                 v_caches.size() == static_cast<size_t>(layers), "q4_decode: one cache per layer");
     TORCH_CHECK(num_heads % num_kv_heads == 0, "q4_decode: heads");
@@ -161,6 +201,14 @@ class Q4DecodeStack {
       L.ln2 = float_vector(w[6], hidden_, "ln2");
       L.gate_up = q4_weight(w[7], w[8], 2 * inter_, hidden_, "gate_up");
       L.down = q4_weight(w[9], w[10], hidden_, inter_, "down");
+      if (has_int8_) {
+        const torch::Tensor* t = int8.data() + l * kInt8TensorsPerLayer;
+        const float* bias = L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr;
+        L.qkv8 = int8_weight(t, qkv_n_, hidden_, bias, "qkv");
+        L.o8 = int8_weight(t + 3, hidden_, q_size, nullptr, "o");
+        L.gate_up8 = int8_weight(t + 6, 2 * inter_, hidden_, nullptr, "gate_up");
+        L.down8 = int8_weight(t + 9, hidden_, inter_, nullptr, "down");
+      }
       for (const torch::Tensor* c : {&k_caches[l], &v_caches[l]}) {
         TORCH_CHECK(c->is_contiguous() && c->sizes() == kc0.sizes() &&
                     c->scalar_type() == cache_dtype_, "q4_decode: caches alike and contiguous");
@@ -182,7 +230,7 @@ class Q4DecodeStack {
                         const torch::Tensor& seq_lens) {
     const int64_t M = x.size(0);
     TORCH_CHECK(x.dim() == 2 && x.size(1) == hidden_, "q4_decode: x shape");
-    TORCH_CHECK(M >= 1 && M <= 64, "q4_decode: 1 to 64 rows");
+    TORCH_CHECK(M >= 1 && M <= max_rows(), "q4_decode: 1 to ", max_rows(), " rows");
     for (const torch::Tensor* t : {&positions, &slot_mapping, &seq_lens})
       TORCH_CHECK(t->dim() == 1 && t->size(0) == M && t->scalar_type() == at::kLong &&
                   t->is_contiguous(), "q4_decode: per-row int64 vectors");
@@ -214,6 +262,9 @@ class Q4DecodeStack {
     attn_.resize(M * heads_ * hd_);
     gu_.resize(M * 2 * inter_);
     act_.resize(M * inter_);
+    surge::w8a8::resize(x8_hidden_, M, hidden_);
+    surge::w8a8::resize(x8_attn_, M, heads_ * hd_);
+    surge::w8a8::resize(x8_inter_, M, inter_);
     Step s{M, bs, slots, max_blocks, (max_len + 15) & ~int64_t(15), pos, slot, lens, tables,
            out.data_ptr<float>()};
     switch (cache_dtype_) {
@@ -224,7 +275,31 @@ class Q4DecodeStack {
     return out;
   }
 
+  // Seconds thread 0 spent in each phase (up to and including the barrier that ends it, so the
+  // slowest thread's time) since the last call, summed over layers and steps; then reset.
+  std::vector<std::pair<std::string, double>> phase_seconds() {
+    static const char* names[] = {"norm1", "qkv", "rope", "attention", "quant_attn", "o", "norm2", "gate_up", "silu", "down"};
+    std::vector<std::pair<std::string, double>> r;
+    for (int i = 0; i < kPhases; ++i) r.emplace_back(names[i], phase_s_[i]);
+    phase_s_.fill(0.0);
+    return r;
+  }
+
+  // The most rows a step may have: past q4_max_rows only with the int8 copies.
+  int64_t max_rows() const { return has_int8_ ? kMaxStackRows : q4_max_rows_; }
+
  private:
+  static constexpr int64_t kMaxStackRows = 1024;
+  using Clock = std::chrono::steady_clock;
+  enum Phase { kPhaseNorm1, kPhaseQkv, kPhaseRope, kPhaseAttention, kPhaseQuantAttn, kPhaseO, kPhaseNorm2, kPhaseGateUp, kPhaseSilu, kPhaseDown, kPhases };
+
+  // Adds the time since `t` to phase p and moves `t` on (thread 0 only).
+  void mark(Phase p, Clock::time_point& t) {
+    const Clock::time_point now = Clock::now();
+    phase_s_[p] += std::chrono::duration<double>(now - t).count();
+    t = now;
+  }
+
   struct Step {
     int64_t M, bs, slots, max_blocks, padded_len;
     const int64_t *pos, *slot, *lens, *tables;
@@ -242,6 +317,25 @@ class Q4DecodeStack {
     q4_range<ADD>(w.q(), w.d(), xq_, M, bias, b * kTile, n1, w.N, out);
   }
 
+  // The activations for the next projection from float32 rows x [M, K], rows [r0, r1) of them:
+  // u8 rows into `a` (int8 path; each thread its rows), else 4-bit blocks of all rows on thread
+  // 0 (r1 > 0 there). Callers barrier after.
+  void quantize(const float* x, int64_t M, int64_t K, bool int8, int64_t r0, int64_t r1,
+                surge::w8a8::QuantRows& a) {
+    if (int8) surge::w8a8::quantize_rows_u8(x, r0, r1, K, a);
+    else if (r1 > 0) quantize_blocks(x, M, K, xq_);
+  }
+
+  // Thread tid's share of an int8 projection of `a`, in whole panels.
+  template <bool ADD>
+  static void project8(const Int8Weight& w, const surge::w8a8::QuantRows& a, float* out, int tid,
+                       int nt) {
+    const int64_t per = surge::w8a8::panel_blocks(a.M), blocks = w.w.blocks();
+    const auto [b, e] = share((blocks + per - 1) / per, tid, nt);
+    surge::w8a8::gemm_blocks(a, w.w, b * per, std::min(blocks, e * per),
+                             surge::w8a8::Out<float, ADD>{out, w.w.N});
+  }
+
   template <typename T, int HD>
   void run(const Step& s) {
     const int64_t M = s.M, H = hidden_, q_size = heads_ * HD, kv_size = kv_heads_ * HD;
@@ -250,40 +344,48 @@ class Q4DecodeStack {
     const float* cos = cos_.data_ptr<float>();
     const float* sin = sin_.data_ptr<float>();
     float* x = s.x;
+    const bool int8 = M > q4_max_rows_;
     const int nt = std::max(1, at::get_num_threads());
 #pragma omp parallel num_threads(nt)
     {
       const int tid = omp_get_thread_num(), n = omp_get_num_threads();
       std::vector<float> scores(kChunk<HD> * s.padded_len);
+      Clock::time_point t = Clock::now();  // thread 0's last phase boundary
       for (const Layer& L : layers_) {
-        if (tid == 0) {
-          rms_norm(x, L.ln1.data_ptr<float>(), norm_.data(), M, H, eps_);
-          quantize_blocks(norm_.data(), M, H, xq_);
+        // Per-row phases: by rows between the threads when the int8 path runs (many rows),
+        // else on thread 0 (a few rows are not worth a split).
+        const auto [r0, r1] = int8 ? share(M, tid, n) : std::pair<int64_t, int64_t>{0, tid ? 0 : M};
+        rms_norm(x + r0 * H, L.ln1.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
+        quantize(norm_.data(), M, H, int8, r0, r1, x8_hidden_);
+#pragma omp barrier
+        if (tid == 0) mark(kPhaseNorm1, t);
+        if (int8) {
+          project8<false>(L.qkv8, x8_hidden_, qkv_.data(), tid, n);
+        } else {
+          const float* qkv_bias = L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr;
+          project<false>(L.qkv, qkv_bias, M, qkv_.data(), tid, n);
         }
 #pragma omp barrier
-        const float* qkv_bias = L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr;
-        project<false>(L.qkv, qkv_bias, M, qkv_.data(), tid, n);
-#pragma omp barrier
+        if (tid == 0) mark(kPhaseQkv, t);
         T* kc = L.k_cache.data_ptr<T>();
         T* vc = L.v_cache.data_ptr<T>();
-        if (tid == 0) {
-          for (int64_t m = 0; m < M; ++m) {
-            float* row = qkv_.data() + m * qkv_n_;
-            const float* c = cos + s.pos[m] * HD;
-            const float* sn = sin + s.pos[m] * HD;
-            for (int64_t h = 0; h < heads_ + kv_heads_; ++h) rope(row + h * HD, c, sn, HD);
-            for (int64_t h = 0; h < kv_heads_; ++h) {
-              const int64_t dst = (h * s.slots + s.slot[m]) * HD;
-              const float* k = row + q_size + h * HD;
-              const float* v = row + q_size + kv_size + h * HD;
-              for (int64_t i = 0; i < HD; ++i) {
-                kc[dst + i] = static_cast<T>(k[i]);
-                vc[dst + i] = static_cast<T>(v[i]);
-              }
+        for (int64_t m = r0; m < r1; ++m) {
+          float* row = qkv_.data() + m * qkv_n_;
+          const float* c = cos + s.pos[m] * HD;
+          const float* sn = sin + s.pos[m] * HD;
+          for (int64_t h = 0; h < heads_ + kv_heads_; ++h) rope(row + h * HD, c, sn, HD);
+          for (int64_t h = 0; h < kv_heads_; ++h) {
+            const int64_t dst = (h * s.slots + s.slot[m]) * HD;
+            const float* k = row + q_size + h * HD;
+            const float* v = row + q_size + kv_size + h * HD;
+            for (int64_t i = 0; i < HD; ++i) {
+              kc[dst + i] = static_cast<T>(k[i]);
+              vc[dst + i] = static_cast<T>(v[i]);
             }
           }
         }
 #pragma omp barrier
+        if (tid == 0) mark(kPhaseRope, t);
         {
           // Units of work: with few rows one query head each (SmolLM2's 9 heads balance over
           // 2 threads where its 3 KV heads do not); with enough rows a KV head's whole group,
@@ -306,35 +408,46 @@ class Q4DecodeStack {
           }
         }
 #pragma omp barrier
-        if (tid == 0) quantize_blocks(attn_.data(), M, q_size, xq_);
+        if (tid == 0) mark(kPhaseAttention, t);
+        quantize(attn_.data(), M, q_size, int8, r0, r1, x8_attn_);
 #pragma omp barrier
-        project<true>(L.o, nullptr, M, x, tid, n);
+        if (tid == 0) mark(kPhaseQuantAttn, t);
+        if (int8) project8<true>(L.o8, x8_attn_, x, tid, n);
+        else project<true>(L.o, nullptr, M, x, tid, n);
 #pragma omp barrier
-        if (tid == 0) {
-          rms_norm(x, L.ln2.data_ptr<float>(), norm_.data(), M, H, eps_);
-          quantize_blocks(norm_.data(), M, H, xq_);
-        }
+        if (tid == 0) mark(kPhaseO, t);
+        rms_norm(x + r0 * H, L.ln2.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
+        quantize(norm_.data(), M, H, int8, r0, r1, x8_hidden_);
 #pragma omp barrier
-        project<false>(L.gate_up, nullptr, M, gu_.data(), tid, n);
+        if (tid == 0) mark(kPhaseNorm2, t);
+        if (int8) project8<false>(L.gate_up8, x8_hidden_, gu_.data(), tid, n);
+        else project<false>(L.gate_up, nullptr, M, gu_.data(), tid, n);
 #pragma omp barrier
-        if (tid == 0) {
-          silu_mul(gu_.data(), act_.data(), M, inter_);
-          quantize_blocks(act_.data(), M, inter_, xq_);
-        }
+        if (tid == 0) mark(kPhaseGateUp, t);
+        silu_mul(gu_.data() + r0 * 2 * inter_, act_.data() + r0 * inter_, r1 - r0, inter_);
+        quantize(act_.data(), M, inter_, int8, r0, r1, x8_inter_);
 #pragma omp barrier
-        project<true>(L.down, nullptr, M, x, tid, n);
+        if (tid == 0) mark(kPhaseSilu, t);
+        if (int8) project8<true>(L.down8, x8_inter_, x, tid, n);
+        else project<true>(L.down, nullptr, M, x, tid, n);
 #pragma omp barrier
+        if (tid == 0) mark(kPhaseDown, t);
       }
     }
   }
 
   int64_t heads_, kv_heads_, hd_ = 0, hidden_ = 0, qkv_n_ = 0, inter_ = 0;
   float eps_;
+  int64_t q4_max_rows_;
+  bool has_int8_ = false;
+  std::array<double, kPhases> phase_s_{};
   at::ScalarType cache_dtype_ = at::kFloat;
   std::vector<Layer> layers_;
   torch::Tensor cos_, sin_;
   std::vector<float> norm_, qkv_, attn_, gu_, act_;  // step buffers, reused
-  QuantizedX xq_;  // the activations the next projection reads
+  QuantizedX xq_;  // the activations the next 4-bit projection reads
+  // ... the next int8 projection reads, by input width (sized before the parallel region)
+  surge::w8a8::QuantRows x8_hidden_, x8_attn_, x8_inter_;
 };
 #endif  // SURGE_AVX512_VNNI
 
@@ -345,9 +458,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("supported") = true;
   pybind11::class_<Q4DecodeStack>(m, "Q4DecodeStack")
       .def(pybind11::init<const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
-                          const std::vector<torch::Tensor>&, const torch::Tensor&,
-                          const torch::Tensor&, int64_t, int64_t, double>())
-      .def("forward", &Q4DecodeStack::forward);
+                          const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
+                          const torch::Tensor&, const torch::Tensor&, int64_t, int64_t, double,
+                          int64_t>())
+      .def("forward", &Q4DecodeStack::forward)
+      .def_property_readonly("max_rows", &Q4DecodeStack::max_rows)
+      .def("phase_seconds", &Q4DecodeStack::phase_seconds);
 #else
   m.attr("supported") = false;  // needs AVX-512 VNNI: the layer-by-layer path runs instead
 #endif
