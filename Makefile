@@ -30,7 +30,7 @@ kernels: install
 	$(BIN)/python -m surge.models.kernels
 
 test: model kernels
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"

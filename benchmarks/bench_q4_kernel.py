@@ -1,7 +1,8 @@
-"""The 4-bit block kernel against int8 (its GEMV up to 8 rows, W8A8 above), weights streaming
-from memory: 30 layers' worth of SmolLM2-135M's four matrices (qkv, o, gate_up, down), distinct
-copies, run in order like a decode step's layers; and, with --against REV, against the 4-bit
-kernel as it was at that git revision (built under another op namespace), interleaved.
+"""The 4-bit block kernel against int8 (the packed W8A8 GEMM where the kernels build),
+weights streaming from memory: 30 layers' worth of SmolLM2-135M's four matrices (qkv, o,
+gate_up, down), distinct copies, run in order like a decode step's layers; and, with --against
+REV, against the 4-bit kernel as it was at that git revision (built under another op
+namespace), interleaved.
 
     python benchmarks/bench_q4_kernel.py [--rows 1] [--rounds 2] [--passes 20] [--against REV]
 """
