@@ -13,21 +13,36 @@ from torch.utils.cpp_extension import load
 KERNELS = Path("surge/models/kernels")
 
 
-def build_old(name: str, rev: str) -> None:
-    """Registers torch.ops.surge_old.* from KERNELS/<name>.cpp at `rev`; headers come from the
-    working tree."""
-    src = subprocess.run(
-        ["git", "show", f"{rev}:{KERNELS / name}.cpp"], check=True, capture_output=True, text=True
+def _show(rev: str, path: Path) -> str:
+    return subprocess.run(
+        ["git", "show", f"{rev}:{path}"], check=True, capture_output=True, text=True
     ).stdout
+
+
+def build_old(name: str, rev: str) -> None:
+    """Registers torch.ops.surge_old.* from KERNELS/<name>.cpp at `rev`, with the headers as
+    they were at `rev` (those that did not exist yet come from the working tree)."""
+    src = _show(rev, KERNELS / f"{name}.cpp")
     for kind in ("TORCH_LIBRARY_FRAGMENT(surge,", "TORCH_LIBRARY_IMPL(surge,"):
         src = src.replace(kind, kind.replace("(surge,", "(surge_old,"))
     build = Path(tempfile.mkdtemp(prefix="surge-old-kernel-"))
     path = build / f"{name}_old.cpp"
     path.write_text(src)
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", rev, f"{KERNELS}/"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for header in (Path(h) for h in listed if h.endswith(".h")):
+        # Beside the source: a quoted #include finds these before the include path.
+        (build / header.name).write_text(_show(rev, header))
     load(
         name=f"surge_{name}_old",
         sources=[str(path)],
-        extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+        # Hidden symbols: the header templates both builds instantiate must not resolve to the
+        # other library's copy when both are loaded in one process.
+        extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fvisibility=hidden"],
         extra_ldflags=["-fopenmp"],
         extra_include_paths=[str(KERNELS.resolve())],
         build_directory=str(build),

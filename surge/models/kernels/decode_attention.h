@@ -2,15 +2,18 @@
 // registers; shared by the paged_decode op and the fused decode stack (q4_decode.cpp).
 #pragma once
 #include <torch/extension.h>
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include "avx512_common.h"
 #ifdef __AVX512F__
 
 namespace surge {
 
-// Per (request, kv head): the group's queries stay in registers (float32, pre-scaled); each key
-// row is widened once and dotted with every query of the chunk; 16 keys' dot-product vectors are
+// Per (request, kv head): the group's queries stay in registers (float32, pre-scaled; rounded to
+// bf16 against a bf16 cache, whose key rows vdpbf16ps reads as stored); each key row is dotted
+// with every query of the chunk; 16 keys' dot-product vectors are
 // summed across lanes together (hsum16), not one by one; then the softmax; then each value row is
 // widened once and accumulated into register-resident outputs. Memory traffic is one read of the
 // request's K and V rows per chunk of queries (one chunk when group <= 256 / head size).
@@ -34,6 +37,14 @@ inline __m512 exp16(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
 }
 
+// Hint the cache lines of one K or V row into L1.
+template <typename T, int HD>
+inline void prefetch_row(const T* row) {
+  constexpr int kLines = (HD * static_cast<int>(sizeof(T)) + 63) / 64;
+  for (int l = 0; l < kLines; ++l)
+    _mm_prefetch(reinterpret_cast<const char*>(row) + l * 64, _MM_HINT_T0);
+}
+
 // Scores, softmax and weighted values of G queries (G * HD / 16 <= 16 registers) against one
 // request's keys and values for one kv head; q rows are consecutive, `out` rows too.
 template <typename T, int HD, int G, typename Q, typename O>
@@ -47,6 +58,41 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
   const int64_t padded = (len + 15) & ~int64_t(15);
   __m512 mx[G], part[G][16];
   for (int g = 0; g < G; ++g) mx[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+#ifdef __AVX512BF16__
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    // bf16 keys: vdpbf16ps multiplies the key row as stored (no widening) with the query rounded
+    // to bf16, 32 products a instruction summed in float32. One query at a time over the 16
+    // keys (re-read from L1 for the next query): 16 partial sums fit in registers, G x 16 not.
+    __m512bh qb[G][V / 2];
+    for (int g = 0; g < G; ++g)
+      for (int h = 0; h < V / 2; ++h) qb[g][h] = _mm512_cvtne2ps_pbh(qr[g][2 * h + 1], qr[g][2 * h]);
+    for (int64_t t0 = 0; t0 < padded; t0 += 16) {
+      // The next 16 keys, fetched while these are scored: a request's blocks lie anywhere in
+      // the pool, so the hardware prefetcher finds each only after its first misses.
+      for (int64_t t = t0 + 16; t < std::min(len, t0 + 32); ++t)
+        prefetch_row<T, HD>(kh + (table[t / bs] * bs + t % bs) * HD);
+      const int64_t n = std::min<int64_t>(16, len - t0);
+      const T* rows[16];
+      for (int64_t j = 0; j < n; ++j) rows[j] = kh + (table[(t0 + j) / bs] * bs + (t0 + j) % bs) * HD;
+      for (int g = 0; g < G; ++g) {
+        __m512 part[16];
+        for (int64_t j = 0; j < 16; ++j) {
+          if (j >= n) {
+            part[j] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+            continue;
+          }
+          __m512 s = _mm512_setzero_ps();
+          for (int h = 0; h < V / 2; ++h)
+            s = _mm512_dpbf16_ps(s, qb[g][h], (__m512bh)_mm512_loadu_si512(rows[j] + h * 32));
+          part[j] = s;
+        }
+        const __m512 s = hsum16(part);
+        store16(scores + g * padded + t0, s);
+        mx[g] = _mm512_max_ps(mx[g], s);
+      }
+    }
+  } else
+#endif
   for (int64_t t0 = 0; t0 < padded; t0 += 16) {
     for (int j = 0; j < 16; ++j) {
       const int64_t t = t0 + j;
@@ -85,6 +131,40 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
   __m512 acc[G][V];
   for (int g = 0; g < G; ++g)
     for (int i = 0; i < V; ++i) acc[g][i] = _mm512_setzero_ps();
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    // bf16 values widened two vectors per 32 with a shift and a mask: acc[g][2h] holds the even
+    // dimensions of 32h .. 32h + 31, acc[g][2h + 1] the odd ones, interleaved back at the end.
+    const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+    for (int64_t t = 0; t < len; ++t) {
+      if (t + 16 < len) prefetch_row<T, HD>(vh + (table[(t + 16) / bs] * bs + (t + 16) % bs) * HD);
+      const T* vr = vh + (table[t / bs] * bs + t % bs) * HD;
+      __m512 v[V];
+      for (int h = 0; h < V / 2; ++h) {
+        const __m512i x = _mm512_loadu_si512(vr + h * 32);
+        v[2 * h] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+        v[2 * h + 1] = _mm512_castsi512_ps(_mm512_and_si512(x, high));
+      }
+      for (int g = 0; g < G; ++g) {
+        const __m512 p = _mm512_set1_ps(scores[g * padded + t]);
+        for (int i = 0; i < V; ++i) acc[g][i] = _mm512_fmadd_ps(p, v[i], acc[g][i]);
+      }
+    }
+    alignas(64) int32_t lo_idx[16], hi_idx[16];
+    for (int i = 0; i < 8; ++i) {
+      lo_idx[2 * i] = i, lo_idx[2 * i + 1] = 16 + i;
+      hi_idx[2 * i] = 8 + i, hi_idx[2 * i + 1] = 24 + i;
+    }
+    const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+    for (int g = 0; g < G; ++g) {
+      const __m512 w = _mm512_set1_ps(inv[g]);
+      for (int h = 0; h < V / 2; ++h) {
+        const __m512 even = acc[g][2 * h], odd = acc[g][2 * h + 1];
+        store16(out + g * HD + h * 32, _mm512_mul_ps(_mm512_permutex2var_ps(even, lo, odd), w));
+        store16(out + g * HD + h * 32 + 16, _mm512_mul_ps(_mm512_permutex2var_ps(even, hi, odd), w));
+      }
+    }
+    return;
+  }
   for (int64_t t = 0; t < len; ++t) {
     const T* vr = vh + (table[t / bs] * bs + t % bs) * HD;
     __m512 v[V];
