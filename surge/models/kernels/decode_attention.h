@@ -38,11 +38,11 @@ inline __m512 exp16(__m512 x) {
 }
 
 // Hint the cache lines of one K or V row into L1.
-template <typename T, int HD>
+template <typename T, int HD, int Hint = _MM_HINT_T0>
 inline void prefetch_row(const T* row) {
   constexpr int kLines = (HD * static_cast<int>(sizeof(T)) + 63) / 64;
   for (int l = 0; l < kLines; ++l)
-    _mm_prefetch(reinterpret_cast<const char*>(row) + l * 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row) + l * 64, static_cast<_mm_hint>(Hint));
 }
 
 // Scores, softmax and weighted values of G queries (G * HD / 16 <= 16 registers) against one
@@ -71,6 +71,9 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
       // the pool, so the hardware prefetcher finds each only after its first misses.
       for (int64_t t = t0 + 16; t < std::min(len, t0 + 32); ++t)
         prefetch_row<T, HD>(kh + (table[t / bs] * bs + t % bs) * HD);
+      // These keys' values, into L2 for the value pass (which pulls them on into L1 ahead).
+      for (int64_t t = t0; t < std::min(len, t0 + 16); ++t)
+        prefetch_row<T, HD, _MM_HINT_T1>(vh + (table[t / bs] * bs + t % bs) * HD);
       const int64_t n = std::min<int64_t>(16, len - t0);
       const T* rows[16];
       for (int64_t j = 0; j < n; ++j) rows[j] = kh + (table[(t0 + j) / bs] * bs + (t0 + j) % bs) * HD;
