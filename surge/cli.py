@@ -52,7 +52,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-fused-decode",
         action="store_true",
-        help="q4: run decode steps of up to 16 requests layer by layer, not as one compiled call",
+        help="q4: run decode steps layer by layer, not as one compiled call",
     )
     g.add_argument("--device", default="auto")
     g.add_argument("--max-model-len", type=int, default=None)

@@ -23,7 +23,7 @@ class ModelConfig:
     compile: bool = False  # torch.compile the decode step, batch sizes padded to buckets
     # With compile: build every decode graph at start, so no live request waits for a compile.
     compile_warmup: bool = True
-    # q4 on CPU: decode steps of up to 16 requests run every layer in one compiled call
+    # q4 on CPU: decode steps run every layer in one compiled call
     # (surge/models/q4_decode.py) instead of layer by layer, compiled or not.
     fused_decode: bool = True
 
