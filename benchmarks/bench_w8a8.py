@@ -67,9 +67,8 @@ def int_mm(weights: Weights, xs: dict[int, torch.Tensor]) -> None:
     ops = torch.ops.surge
     for q, _, s, wsum, k in weights:
         xq, sx, zx = ops.quantize_rows(xs[k])
-        # torch._int_mm on CPU wants more than 16 rows; below that the same sums in int32.
-        acc = torch._int_mm(xq, q.t()) if xq.shape[0] > 16 else xq.int() @ q.int().t()
-        ops.dequantize_int32(acc.int(), sx, zx, s, wsum, None, torch.bfloat16)
+        acc = torch._int_mm(xq, q.t())
+        ops.dequantize_int32(acc, sx, zx, s, wsum, None, torch.bfloat16)
 
 
 def gemv(weights: Weights, xs: dict[int, torch.Tensor]) -> None:

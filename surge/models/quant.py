@@ -107,7 +107,8 @@ class Int8Linear(nn.Module):
         self.kernels = kernels
         # The packed GEMM serves every M of "int8" and "w8a8", so the weights are held in its
         # layout only; "int8-weight-only" keeps its row-major GEMV and float matmul.
-        self.packed = kernels and mode != "int8-weight-only" and load_w8a8_linear() is not None
+        w8a8 = load_w8a8_linear() if kernels and mode != "int8-weight-only" else None
+        self.packed = w8a8 is not None and bool(w8a8.supported)
         self.register_buffer("weight", pack_int8(q) if self.packed else q.contiguous())
         self.register_buffer("scale", scale.float().contiguous())
         self.register_buffer("wsum", q.sum(dim=1, dtype=torch.int32))

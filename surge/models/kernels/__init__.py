@@ -61,7 +61,8 @@ def load_q4_linear(build_dir: Path | None = None) -> ModuleType | None:
 
 
 def load_w8a8_linear(build_dir: Path | None = None) -> ModuleType | None:
-    """The prepacked W8A8 GEMM (surge::w8a8_linear), or None."""
+    """The prepacked W8A8 GEMM (surge::w8a8_linear; `supported` is False without AVX-512
+    VNNI), or None."""
     return _load("w8a8_linear", build_dir)
 
 

@@ -67,4 +67,12 @@ TORCH_LIBRARY_FRAGMENT(surge, m) {
 
 TORCH_LIBRARY_IMPL(surge, CPU, m) { m.impl("w8a8_linear", &w8a8_linear); }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}
+// `supported`: the VNNI tiles were compiled in. Without them the op still runs (one product at a
+// time, for correctness), but Int8Linear keeps the row-major layout and its faster paths.
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+#ifdef SURGE_W8A8_AVX512
+  m.attr("supported") = true;
+#else
+  m.attr("supported") = false;
+#endif
+}
