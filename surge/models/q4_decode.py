@@ -4,7 +4,8 @@
 dispatcher call, fork/join or tensor allocation per op); the embedding, the final norm and the
 LM head stay the model's own. Up to Q4_MAX_ROWS requests its projections read the 4-bit
 weights; larger steps (up to `max_rows`) take the layers' int8 copies through the packed W8A8
-GEMM, when the model holds them packed (CPU kernels), else stop at Q4_MAX_ROWS. The
+GEMM, when the model holds them packed (CPU kernels with AVX-512 VNNI). Without them (AVX2)
+every step up to Q4_ONLY_MAX_ROWS reads the 4-bit weights, 8 rows a pass. The
 layer-by-layer path (eager or compiled) serves everything else: prefill chunks, other
 quantizations and devices.
 """
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 # 8 and 1.75x at 16 (the 4-bit kernel is compute-bound past a few rows, the packed GEMM is not
 # bound by memory until then).
 Q4_MAX_ROWS = 3
+# Without int8 copies (no AVX-512 VNNI): the largest step the stack takes on the 4-bit weights.
+Q4_ONLY_MAX_ROWS = 1024
 
 
 class FusedQ4Decode:
@@ -47,10 +50,12 @@ class FusedQ4Decode:
         cls,
         model: LlamaForCausalLM,
         kv_caches: Sequence[tuple[Tensor, Tensor]],
-        q4_max_rows: int = Q4_MAX_ROWS,
+        q4_max_rows: int | None = None,
     ) -> FusedQ4Decode | None:
         """The fused path for this model and cache, or None where it does not apply (not all
-        layers 4-bit with kernels, no AVX-512 VNNI, an unsupported head size or cache)."""
+        layers 4-bit with kernels, neither AVX-512 VNNI nor AVX2, an unsupported head size or
+        cache). q4_max_rows: the most rows on the 4-bit weights (default Q4_MAX_ROWS with int8
+        copies, else Q4_ONLY_MAX_ROWS)."""
         weights: list[Tensor] = []
         int8: list[Tensor] = []  # the int8 copies, packed, when every projection has one
         for layer in model.layers:
@@ -74,6 +79,8 @@ class FusedQ4Decode:
                 int8 += [p.int8.weight, p.int8.scale, p.int8.wsum] if p.int8.packed else []
         if len(int8) != 12 * len(model.layers):
             int8 = []
+        if q4_max_rows is None:
+            q4_max_rows = Q4_MAX_ROWS if int8 else Q4_ONLY_MAX_ROWS
         if not kv_caches or kv_caches[0][0].device.type != "cpu":
             return None
         module = load_q4_decode()

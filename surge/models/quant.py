@@ -25,10 +25,13 @@ Which matmul runs depends on M, the rows of the activation (tokens in the step):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from surge.models.device import cpu_flags
 from surge.models.kernels import load_int8_linear, load_w8a8_linear
 from surge.models.spec import ModelSpec
 
@@ -37,8 +40,19 @@ INT8_MODES = ("int8", "int8-weight-only", "w8a8")
 # Measured on a 2-core AVX512-VNNI CPU (benchmarks/bench_precision.py --kernels): the GEMV beats
 # quantize + _int_mm + dequantize up to 8 rows at SmolLM2's shapes.
 GEMV_MAX_ROWS = 8
+# Without VNNI or AMX (an AVX2 CPU) torch._int_mm runs a slow generic loop: 10-15x slower than
+# the compiled GEMV at 16-512 rows (3072x576: 14.6 against 1.2 ms at 16 rows, 473 against
+# 16.4 at 512). There the GEMV (AVX2 vpmaddwd) serves batches up to this many rows, beating
+# dequantize + float32 matmul up to about here; larger ones dequantize.
+NO_VNNI_GEMV_MAX_ROWS = 512
 # torch._int_mm on CUDA wants more than 16 rows and dimensions that are multiples of 8.
 _CUDA_INT_MM_MIN_ROWS = 17
+
+
+@functools.cache
+def cpu_int8_fast() -> bool:
+    """Whether this CPU has int8 dot products (VNNI, AMX): torch._int_mm is fast only then."""
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -142,6 +156,9 @@ class Int8Linear(nn.Module):
         "dequant"."""
         if self.packed:
             return "packed"
+        if self.weight.device.type == "cpu" and not cpu_int8_fast():
+            gemv_rows = NO_VNNI_GEMV_MAX_ROWS if self.kernels else GEMV_MAX_ROWS
+            return "gemv" if rows <= gemv_rows else "dequant"
         if self.mode == "w8a8" and self._int_mm_ok(rows):
             return "w8a8"
         if rows <= GEMV_MAX_ROWS:

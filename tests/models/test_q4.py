@@ -12,7 +12,7 @@ import torch
 
 from surge.models.kernels import load_int8_linear, load_q4_linear
 from surge.models.q4 import Q4Linear, _pack, _unpack, dequantize_q4, quantize_q4
-from surge.models.quant import GEMV_MAX_ROWS
+from surge.models.quant import GEMV_MAX_ROWS, NO_VNNI_GEMV_MAX_ROWS, cpu_int8_fast
 from surge.models.weights.gguf import dequantize
 
 needs_kernel = pytest.mark.skipif(
@@ -108,7 +108,10 @@ def test_q4_linear_takes_the_4_bit_kernel_for_decode_batches_only() -> None:
     small = torch.randn(GEMV_MAX_ROWS, 128)
     want = torch.ops.surge.q4_gemv(small, layer.qs, layer.dm, layer.int8.bias)
     assert torch.equal(layer(small), want)
-    big = torch.randn(GEMV_MAX_ROWS + 1, 128)
+    # Past gemv_max_rows (8; without VNNI, where the 4-bit kernel outruns every int8 path,
+    # NO_VNNI_GEMV_MAX_ROWS) the int8 copy.
+    assert layer.gemv_max_rows == (GEMV_MAX_ROWS if cpu_int8_fast() else NO_VNNI_GEMV_MAX_ROWS)
+    big = torch.randn(layer.gemv_max_rows + 1, 128)
     assert torch.equal(layer(big), layer.int8(big))
     # Both paths compute the same layer (16 levels per block of uniform weights: ~6% error).
     ref = linear(small).detach()

@@ -10,8 +10,11 @@ from torch import nn
 from surge.models.kernels import load_int8_linear, load_w8a8_linear
 from surge.models.quant import (
     GEMV_MAX_ROWS,
+    INT8_MODES,
+    NO_VNNI_GEMV_MAX_ROWS,
     Int8Embedding,
     Int8Linear,
+    cpu_int8_fast,
     dequantize_int8,
     pack_int8,
     quantize_int8,
@@ -83,11 +86,22 @@ def test_int8_linear_matches_dequantized_reference(
 
 def test_paths_per_rows() -> None:
     layer = Int8Linear(torch.zeros(8, 16, dtype=torch.int8), torch.ones(8))
-    assert layer.path(1) == "gemv" and layer.path(GEMV_MAX_ROWS) == "gemv"
-    assert layer.path(GEMV_MAX_ROWS + 1) == "w8a8"
     only = Int8Linear(torch.zeros(8, 16, dtype=torch.int8), torch.ones(8), mode="int8-weight-only")
-    assert only.path(1) == "gemv" and only.path(512) == "dequant"
     w8a8 = Int8Linear(torch.zeros(8, 16, dtype=torch.int8), torch.ones(8), mode="w8a8")
+    assert layer.path(1) == "gemv" and layer.path(GEMV_MAX_ROWS) == "gemv"
+    assert only.path(1) == "gemv" and only.path(NO_VNNI_GEMV_MAX_ROWS + 1) == "dequant"
+    if not cpu_int8_fast():
+        # torch._int_mm is a slow generic loop without VNNI/AMX: never taken; the compiled
+        # GEMV (kernels) serves up to NO_VNNI_GEMV_MAX_ROWS rows, the torch fallback up to 8.
+        for mode in INT8_MODES:
+            q, scale = torch.zeros(8, 16, dtype=torch.int8), torch.ones(8)
+            fast = Int8Linear(q, scale, None, mode, True)
+            slow = Int8Linear(q, scale, None, mode, False)
+            assert fast.path(NO_VNNI_GEMV_MAX_ROWS) == "gemv"
+            assert fast.path(NO_VNNI_GEMV_MAX_ROWS + 1) == "dequant"
+            assert slow.path(GEMV_MAX_ROWS) == "gemv" and slow.path(GEMV_MAX_ROWS + 1) == "dequant"
+        return
+    assert layer.path(GEMV_MAX_ROWS + 1) == "w8a8"
     assert w8a8.path(1) == "w8a8" and w8a8.path(512) == "w8a8"
 
 

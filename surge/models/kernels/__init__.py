@@ -6,8 +6,10 @@ kernels are a speed-up, never a requirement.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import platform
 from pathlib import Path
 from types import ModuleType
 
@@ -19,6 +21,29 @@ _cache: dict[str, ModuleType | None] = {}
 KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode", "w8a8_linear")
 
 
+def _cpu_tag() -> str:
+    """A short name for this CPU's instruction set: the kernels are built with -march=native,
+    so a build folder shared by machines of different CPUs (one home over NFS, a cache copied
+    to a new machine) must not hand one CPU's binary to another (illegal instruction)."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features", "model name")):
+                flags += line
+    except OSError:
+        pass
+    key = f"{platform.machine()} {flags}"
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def kernel_dir() -> Path:
+    """Where the kernels are built: $SURGE_KERNEL_DIR, else ~/.cache/surge/kernels, in a
+    folder per CPU (_cpu_tag)."""
+    base = os.environ.get("SURGE_KERNEL_DIR")
+    root = Path(base) if base else Path.home() / ".cache" / "surge" / "kernels"
+    return root / _cpu_tag()
+
+
 def _load(name: str, build_dir: Path | None) -> ModuleType | None:
     if name in _cache:
         return _cache[name]
@@ -27,7 +52,7 @@ def _load(name: str, build_dir: Path | None) -> ModuleType | None:
         from torch.utils.cpp_extension import load
 
         # One folder per kernel: the loader writes its build.ninja there.
-        build = (build_dir or Path.home() / ".cache" / "surge" / "kernels") / name
+        build = (build_dir or kernel_dir()) / name
         build.mkdir(parents=True, exist_ok=True)
         module = load(
             name=f"surge_{name}",

@@ -1,9 +1,11 @@
 // Decode attention of a few query heads against one KV head's paged cache, in AVX-512
-// registers; shared by the paged_decode op and the fused decode stack (q4_decode.cpp).
+// registers (elsewhere in plain loops the compiler vectorizes); shared by the paged_decode op and the fused decode stack (q4_decode.cpp).
 #pragma once
 #include <torch/extension.h>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include "avx512_common.h"
@@ -180,6 +182,79 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
   for (int g = 0; g < G; ++g)
     for (int i = 0; i < V; ++i)
       store16(out + g * HD + i * 16, _mm512_mul_ps(acc[g][i], _mm512_set1_ps(inv[g])));
+}
+
+}  // namespace surge
+#else  // no AVX-512: the same computation in plain loops, which the compiler vectorizes (AVX2)
+
+namespace surge {
+
+// exp(x) for x <= 0 (range reduction to 2^f and a degree-6 polynomial, as exp16 above).
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float t = x * 1.44269504088896341f;
+  const float fi = std::floor(t);
+  const float f = t - fi;
+  const float p = 1.0f + f * (0.693147182f + f * (0.240226507f + f * (0.0555041087f +
+                  f * (0.00961812911f + f * (0.00133335581f + f * 0.000154035304f)))));
+  const int32_t bits = (static_cast<int32_t>(fi) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+template <typename T, int HD>
+inline void widen_row(const T* src, float* dst) {
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+    uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+    for (int i = 0; i < HD; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
+  } else {
+    for (int i = 0; i < HD; ++i) dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+// As the AVX-512 attend_chunk: G queries against one request's keys and values of one kv head.
+template <typename T, int HD, int G, typename Q, typename O>
+void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, int64_t bs,
+                  int64_t len, float scale, float* scores, O* out) {
+  const int64_t padded = (len + 15) & ~int64_t(15);
+  alignas(64) float qf[G][HD];
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < HD; ++i) qf[g][i] = static_cast<float>(q[g * HD + i]) * scale;
+  float mx[G];
+  for (int g = 0; g < G; ++g) mx[g] = -std::numeric_limits<float>::infinity();
+  alignas(64) float row[HD];
+  for (int64_t t = 0; t < len; ++t) {
+    widen_row<T, HD>(kh + (table[t / bs] * bs + t % bs) * HD, row);
+    for (int g = 0; g < G; ++g) {
+      float s = 0.f;
+      for (int i = 0; i < HD; ++i) s += qf[g][i] * row[i];
+      scores[g * padded + t] = s;
+      mx[g] = std::max(mx[g], s);
+    }
+  }
+  float inv[G];
+  for (int g = 0; g < G; ++g) {
+    float* sg = scores + g * padded;
+    float sum = 0.f;
+    for (int64_t t = 0; t < len; ++t) {
+      const float e = exp_nonpositive(sg[t] - mx[g]);
+      sg[t] = e;
+      sum += e;
+    }
+    inv[g] = 1.f / sum;
+  }
+  alignas(64) float acc[G][HD] = {};
+  for (int64_t t = 0; t < len; ++t) {
+    widen_row<T, HD>(vh + (table[t / bs] * bs + t % bs) * HD, row);
+    for (int g = 0; g < G; ++g) {
+      const float p = scores[g * padded + t];
+      for (int i = 0; i < HD; ++i) acc[g][i] += p * row[i];
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < HD; ++i) out[g * HD + i] = static_cast<O>(acc[g][i] * inv[g]);
 }
 
 }  // namespace surge

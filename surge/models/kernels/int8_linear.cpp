@@ -17,6 +17,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define SURGE_AVX512_VNNI 1
+#elif defined(__AVX2__)
+#include <immintrin.h>
+#define SURGE_INT8_AVX2 1
 #endif
 
 namespace {
@@ -87,6 +90,41 @@ inline void dot_row(const int16_t* xq, int64_t Kp, const int8_t* w, int64_t K, f
             total[m], _mm512_add_ps(_mm512_cvtepi32_ps(acc[m][0]), _mm512_cvtepi32_ps(acc[m][1])));
     }
     for (int m = 0; m < MR; ++m) dot[m] = _mm512_reduce_add_ps(total[m]);
+    return;
+  }
+#elif defined(SURGE_INT8_AVX2)
+  {
+    // 16 weights widened to int16 once, then one vpmaddwd per activation row (the compiler's
+    // vectorization of the loop below widened them again for every row). A chunk puts K / 8
+    // products in a lane: |127 * 32767 * 4096 / 8| < 2^31.
+    __m256 total[MR];
+    for (int m = 0; m < MR; ++m) total[m] = _mm256_setzero_ps();
+    alignas(32) int8_t tail[16];
+    for (int64_t c = 0; c < K; c += kChunk) {
+      const int64_t ce = std::min(K, c + kChunk);
+      __m256i acc[MR];
+      for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_si256();
+      for (int64_t k = c; k < ce; k += 16) {
+        const int8_t* wk = w + k;
+        if (ce - k < 16) {  // the row's tail, zero-padded (x is zero-padded to Kp)
+          std::memset(tail, 0, sizeof(tail));
+          std::memcpy(tail, wk, ce - k);
+          wk = tail;
+        }
+        const __m256i w16 =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wk)));
+        for (int m = 0; m < MR; ++m) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + m * Kp + k));
+          acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(xv, w16));
+        }
+      }
+      for (int m = 0; m < MR; ++m) total[m] = _mm256_add_ps(total[m], _mm256_cvtepi32_ps(acc[m]));
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m128 h = _mm_add_ps(_mm256_castps256_ps128(total[m]), _mm256_extractf128_ps(total[m], 1));
+      const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      dot[m] = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+    }
     return;
   }
 #endif

@@ -15,6 +15,8 @@
 // memory, 0.625 bytes a weight); past that, when the layers' int8 copies are given, they run
 // the packed W8A8 GEMM (w8a8_gemm.h), which is compute-bound there and faster. With many rows
 // the per-row phases (norms, quantization, rotary + cache write, SiLU) are split by rows too.
+// Without AVX-512 VNNI (AVX2: q4_gemv.h's vpmaddubsw path, the attention in plain loops) the
+// caller gives no int8 copies and every step runs on the 4-bit weights, 8 rows a pass.
 //
 // Numerics: the residual stream and every intermediate stay float32 (the layer-by-layer path
 // rounds them to the model dtype between ops); the KV cache is written in its own dtype. The
@@ -33,7 +35,7 @@
 
 namespace {
 
-#ifdef SURGE_AVX512_VNNI
+#ifdef SURGE_Q4_SIMD
 using namespace surge::q4;
 
 constexpr int64_t kTensorsPerLayer = 11;
@@ -112,6 +114,7 @@ void silu_mul(const float* gu, float* act, int64_t rows, int64_t inter) {
     const float* u = g + inter;
     float* a = act + m * inter;
     int64_t i = 0;
+#ifdef __AVX512F__
     const __m512 one = _mm512_set1_ps(1.f);
     for (; i + 16 <= inter; i += 16) {
       // sigmoid(g) from e = exp(-|g|) <= 1 (exp16 takes x <= 0): 1 / (1 + e), or e / (1 + e).
@@ -122,6 +125,13 @@ void silu_mul(const float* gu, float* act, int64_t rows, int64_t inter) {
       const __m512 sig = _mm512_mask_mul_ps(inv, neg, inv, e);
       _mm512_storeu_ps(a + i, _mm512_mul_ps(_mm512_mul_ps(gv, sig), _mm512_loadu_ps(u + i)));
     }
+#else
+    for (; i < inter; ++i) {  // vectorized by the compiler: exp_nonpositive is plain arithmetic
+      const float e = surge::exp_nonpositive(-std::fabs(g[i]));
+      const float inv = 1.f / (1.f + e);
+      a[i] = g[i] * (g[i] < 0.f ? inv * e : inv) * u[i];
+    }
+#endif
     for (; i < inter; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
   }
 }
@@ -449,12 +459,12 @@ class Q4DecodeStack {
   // ... the next int8 projection reads, by input width (sized before the parallel region)
   surge::w8a8::QuantRows x8_hidden_, x8_attn_, x8_inter_;
 };
-#endif  // SURGE_AVX512_VNNI
+#endif  // SURGE_Q4_SIMD
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-#ifdef SURGE_AVX512_VNNI
+#ifdef SURGE_Q4_SIMD
   m.attr("supported") = true;
   pybind11::class_<Q4DecodeStack>(m, "Q4DecodeStack")
       .def(pybind11::init<const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
@@ -465,6 +475,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("max_rows", &Q4DecodeStack::max_rows)
       .def("phase_seconds", &Q4DecodeStack::phase_seconds);
 #else
-  m.attr("supported") = false;  // needs AVX-512 VNNI: the layer-by-layer path runs instead
+  m.attr("supported") = false;  // needs AVX-512 VNNI or AVX2: the layer-by-layer path runs instead
 #endif
 }

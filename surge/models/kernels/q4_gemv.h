@@ -13,6 +13,14 @@
     !defined(SURGE_PORTABLE_KERNELS)
 #include "avx512_common.h"
 #define SURGE_AVX512_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SURGE_PORTABLE_KERNELS)
+#include <immintrin.h>
+#define SURGE_Q4_AVX2 1
+#endif
+// A vectorized q4 GEMV is compiled here (AVX-512 VNNI, or AVX2 without it): the fused decode
+// stack is built only then (the portable path is for correctness, not speed).
+#if defined(SURGE_AVX512_VNNI) || defined(SURGE_Q4_AVX2)
+#define SURGE_Q4_SIMD 1
 #endif
 
 namespace surge::q4 {
@@ -216,6 +224,145 @@ void q4_rows(const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq, int64_
     q4_row<MR>(qs + n * row_bytes, dm + n * row_scales, xq, m0, sum);
     for (int m = 0; m < MR; ++m) {
       const float y = _mm512_reduce_add_ps(sum[m]) + (bias ? bias[n] : 0.f);
+      T& o = out[(m0 + m) * N + n];
+      if constexpr (ADD) o += y;
+      else o = static_cast<T>(y);
+    }
+  }
+}
+#elif defined(SURGE_Q4_AVX2)
+// AVX2 (no VNNI): the same layout read as two 32-byte halves of each 64-byte load. u8 weights
+// times s8 activations by vpmaddubsw into 16-bit pair sums (|15 * 127 * 2| = 3810), eight of
+// them added in 16 bits per group (30480 < 32767: no saturation), widened to 32 bits once per
+// group by vpmaddwd; lane i of the low sum is block i, of the high sum block 8 + i.
+
+// r[j] = sum of the 8 lanes of v[j], j < 8.
+inline __m256 hsum8(const __m256* v) {
+  const __m256 a0 = _mm256_hadd_ps(v[0], v[1]), a1 = _mm256_hadd_ps(v[2], v[3]);
+  const __m256 a2 = _mm256_hadd_ps(v[4], v[5]), a3 = _mm256_hadd_ps(v[6], v[7]);
+  const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// sum[m]: 8 partial sums (unreduced) of weight row qs/dm times activation row m0 + m.
+template <int MR>
+inline void q4_row(const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq, int64_t m0,
+                   __m256* sum) {
+  const int64_t K = xq.K, B = xq.blocks, groups = K / kGroup;
+  const uint16_t* d16 = dm;
+  const uint16_t* m16 = dm + B;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[MR], macc[MR];
+  for (int m = 0; m < MR; ++m) acc[m] = macc[m] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* qg = qs + g * (kGroup / 2);
+    __m256i lo_sum[MR], hi_sum[MR];
+    for (int m = 0; m < MR; ++m) lo_sum[m] = hi_sum[m] = _mm256_setzero_si256();
+    for (int64_t u = 0; u < 8; ++u) {  // 32-byte halves of the 4 loads of the group
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qg + u * 32));
+      const __m256i lo = _mm256_and_si256(packed, low4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* x = xq.q.data() + (m0 + m) * K + g * kGroup + (u / 2) * 128 + (u % 2) * 32;
+        lo_sum[m] = _mm256_add_epi16(
+            lo_sum[m], _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))));
+        hi_sum[m] = _mm256_add_epi16(
+            hi_sum[m],
+            _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64))));
+      }
+    }
+    const __m256 d_lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d16 + g * 16)));
+    const __m256 d_hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d16 + g * 16 + 8)));
+    const __m256 m_lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m16 + g * 16)));
+    const __m256 m_hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m16 + g * 16 + 8)));
+    for (int m = 0; m < MR; ++m) {
+      const float* dx = xq.dx.data() + (m0 + m) * B + g * 16;
+      const float* sx = xq.sx.data() + (m0 + m) * B + g * 16;
+      const __m256 lo = _mm256_cvtepi32_ps(_mm256_madd_epi16(lo_sum[m], ones));
+      const __m256 hi = _mm256_cvtepi32_ps(_mm256_madd_epi16(hi_sum[m], ones));
+      acc[m] = _mm256_fmadd_ps(lo, _mm256_mul_ps(d_lo, _mm256_loadu_ps(dx)), acc[m]);
+      acc[m] = _mm256_fmadd_ps(hi, _mm256_mul_ps(d_hi, _mm256_loadu_ps(dx + 8)), acc[m]);
+      macc[m] = _mm256_fmadd_ps(m_lo, _mm256_loadu_ps(sx), macc[m]);
+      macc[m] = _mm256_fmadd_ps(m_hi, _mm256_loadu_ps(sx + 8), macc[m]);
+    }
+  }
+  // The pairs after the last group: 32 bytes, block b in the low nibbles, b + 1 in the high.
+  for (int64_t b = groups * 16; b < B; b += 2) {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * 16));
+    const __m256i lo = _mm256_and_si256(packed, low4);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4);
+    const float d0 = _cvtsh_ss(d16[b]), d1 = _cvtsh_ss(d16[b + 1]);
+    const float n0 = _cvtsh_ss(m16[b]), n1 = _cvtsh_ss(m16[b + 1]);
+    for (int m = 0; m < MR; ++m) {
+      const int64_t r = m0 + m;
+      const int8_t* x = xq.q.data() + r * K + b * kBlock;
+      const __m256i dot0 = _mm256_madd_epi16(
+          _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), ones);
+      const __m256i dot1 = _mm256_madd_epi16(
+          _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32))), ones);
+      const float* dx = xq.dx.data() + r * B + b;
+      const float* sx = xq.sx.data() + r * B + b;
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot0), _mm256_set1_ps(d0 * dx[0]), acc[m]);
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot1), _mm256_set1_ps(d1 * dx[1]), acc[m]);
+      macc[m] = _mm256_add_ps(macc[m], _mm256_setr_ps(n0 * sx[0] + n1 * sx[1], 0, 0, 0, 0, 0, 0, 0));
+    }
+  }
+  for (int m = 0; m < MR; ++m) sum[m] = _mm256_add_ps(acc[m], macc[m]);
+}
+
+// 8 outputs (float32 sums) stored as T, rounded like c10's conversions.
+template <typename T>
+inline void store8(T* p, __m256 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    _mm256_storeu_ps(p, v);
+  } else {
+    alignas(32) float t[8];
+    _mm256_store_ps(t, v);
+    for (int i = 0; i < 8; ++i) p[i] = static_cast<T>(t[i]);
+  }
+}
+
+// Output channels [n0, n1) for activation rows m0 .. m0 + MR - 1; ADD (float output only):
+// added to what `out` holds (a residual connection) instead of overwriting it.
+template <int MR, bool ADD, typename T>
+void q4_rows(const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq, int64_t m0,
+             const float* bias, int64_t n0, int64_t n1, int64_t N, T* out) {
+  const int64_t K = xq.K, row_bytes = K / 2, row_scales = 2 * xq.blocks;
+  __m256 part[MR][kTile];
+  __m256 sum[MR];
+  int64_t n = n0;
+  // 16 ymm registers: a row's two 16-bit sums are updated every load, so at most 4 rows go
+  // through the weight row together; the rest read it again from L1.
+  constexpr int MR1 = MR > 4 ? 4 : MR, MR2 = MR - MR1;
+  const auto row_sums = [&](int64_t c) {
+    q4_row<MR1>(qs + c * row_bytes, dm + c * row_scales, xq, m0, sum);
+    if constexpr (MR2 > 0) q4_row<MR2>(qs + c * row_bytes, dm + c * row_scales, xq, m0 + MR1, sum + MR1);
+  };
+  for (; n + kTile <= n1; n += kTile) {
+    for (int r = 0; r < kTile; ++r) {
+      row_sums(n + r);
+      for (int m = 0; m < MR; ++m) part[m][r] = sum[m];
+    }
+    for (int m = 0; m < MR; ++m) {
+      for (int h = 0; h < kTile; h += 8) {
+        T* o = out + (m0 + m) * N + n + h;
+        __m256 y = hsum8(part[m] + h);
+        if (bias) y = _mm256_add_ps(y, _mm256_loadu_ps(bias + n + h));
+        if constexpr (ADD) y = _mm256_add_ps(y, _mm256_loadu_ps(o));
+        store8(o, y);
+      }
+    }
+  }
+  for (; n < n1; ++n) {
+    row_sums(n);
+    for (int m = 0; m < MR; ++m) {
+      const float y = hsum(sum[m]) + (bias ? bias[n] : 0.f);
       T& o = out[(m0 + m) * N + n];
       if constexpr (ADD) o += y;
       else o = static_cast<T>(y);
