@@ -128,6 +128,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("wsum", q.sum(dim=1, dtype=torch.int32))
         self.register_buffer("bias", None if bias is None else bias.float())
         self.mode = mode
+        # Read here, not in forward: torch.compile (fullgraph) cannot trace the /proc read.
+        self.cpu_int8_fast = cpu_int8_fast()
 
     @classmethod
     def from_float(cls, linear: nn.Linear, mode: str = "int8", kernels: bool = False) -> Int8Linear:
@@ -156,7 +158,7 @@ class Int8Linear(nn.Module):
         "dequant"."""
         if self.packed:
             return "packed"
-        if self.weight.device.type == "cpu" and not cpu_int8_fast():
+        if self.weight.device.type == "cpu" and not self.cpu_int8_fast:
             gemv_rows = NO_VNNI_GEMV_MAX_ROWS if self.kernels else GEMV_MAX_ROWS
             return "gemv" if rows <= gemv_rows else "dequant"
         if self.mode == "w8a8" and self._int_mm_ok(rows):

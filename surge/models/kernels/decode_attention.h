@@ -1,5 +1,6 @@
 // Decode attention of a few query heads against one KV head's paged cache, in AVX-512
-// registers (elsewhere in plain loops the compiler vectorizes); shared by the paged_decode op and the fused decode stack (q4_decode.cpp).
+// registers (elsewhere in plain loops the compiler vectorizes); shared by the paged_decode op
+// and the fused decode stack (q4_decode.cpp).
 #pragma once
 #include <torch/extension.h>
 #include <algorithm>
@@ -9,6 +10,26 @@
 #include <limits>
 #include <type_traits>
 #include "avx512_common.h"
+
+namespace surge {
+
+// exp(x) for x <= 0, one lane: range reduction to 2^f, f in [0, 1), and a degree-6 polynomial
+// (relative error ~1e-7, like expf; exp16 below is the same); unlike std::exp it vectorizes.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float t = x * 1.44269504088896341f;
+  const float fi = std::floor(t);
+  const float f = t - fi;
+  const float p = 1.0f + f * (0.693147182f + f * (0.240226507f + f * (0.0555041087f +
+                  f * (0.00961812911f + f * (0.00133335581f + f * 0.000154035304f)))));
+  const int32_t bits = (static_cast<int32_t>(fi) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+}  // namespace surge
+
 #ifdef __AVX512F__
 
 namespace surge {
@@ -21,7 +42,7 @@ namespace surge {
 // request's K and V rows per chunk of queries (one chunk when group <= 256 / head size).
 
 // exp(x) for x <= 0, 16 lanes: range reduction to 2^f, f in [0, 1), and a degree-6 polynomial
-// (relative error ~1e-7; paged_decode.cpp's scalar fast_exp is the same).
+// (relative error ~1e-7; exp_nonpositive above is the same, one lane at a time).
 inline __m512 exp16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
@@ -188,20 +209,6 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
 #else  // no AVX-512: the same computation in plain loops, which the compiler vectorizes (AVX2)
 
 namespace surge {
-
-// exp(x) for x <= 0 (range reduction to 2^f and a degree-6 polynomial, as exp16 above).
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float t = x * 1.44269504088896341f;
-  const float fi = std::floor(t);
-  const float f = t - fi;
-  const float p = 1.0f + f * (0.693147182f + f * (0.240226507f + f * (0.0555041087f +
-                  f * (0.00961812911f + f * (0.00133335581f + f * 0.000154035304f)))));
-  const int32_t bits = (static_cast<int32_t>(fi) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 template <typename T, int HD>
 inline void widen_row(const T* src, float* dst) {

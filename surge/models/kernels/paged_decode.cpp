@@ -31,21 +31,6 @@ inline void load_row(const at::Half* __restrict__ src, float* __restrict__ dst, 
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
-// exp(x) for x <= 0 by range reduction to 2^f, f in [0, 1), and a degree-6 polynomial
-// (relative error ~1e-7, like expf); unlike std::exp it vectorizes.
-inline float fast_exp(float x) {
-  x = std::max(x, -87.0f);
-  const float t = x * 1.44269504088896341f;
-  const float fi = std::floor(t);
-  const float f = t - fi;
-  const float p = 1.0f + f * (0.693147182f + f * (0.240226507f + f * (0.0555041087f +
-                  f * (0.00961812911f + f * (0.00133335581f + f * 0.000154035304f)))));
-  const int32_t bits = (static_cast<int32_t>(fi) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
 template <typename T, int64_t HD>
 void decode_kernel(
     const T* q,            // [D, H, hd]
@@ -92,7 +77,7 @@ void decode_kernel(
         for (int64_t t = 0; t < len; ++t) mx = std::max(mx, sg[t]);
         float sum = 0.f;
         for (int64_t t = 0; t < len; ++t) {
-          sg[t] = fast_exp(sg[t] - mx);
+          sg[t] = surge::exp_nonpositive(sg[t] - mx);
           sum += sg[t];
         }
         const float inv = 1.f / sum;
