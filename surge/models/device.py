@@ -52,7 +52,7 @@ def cpu_flags() -> set[str]:
     except OSError:
         return set()
     for line in text.splitlines():
-        if line.startswith("flags"):
+        if line.startswith(("flags", "Features")):  # x86, aarch64
             return set(line.split(":", 1)[1].split())
     return set()
 

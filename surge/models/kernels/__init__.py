@@ -25,14 +25,9 @@ def _cpu_tag() -> str:
     """A short name for this CPU's instruction set: the kernels are built with -march=native,
     so a build folder shared by machines of different CPUs (one home over NFS, a cache copied
     to a new machine) must not hand one CPU's binary to another (illegal instruction)."""
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features", "model name")):
-                flags += line
-    except OSError:
-        pass
-    key = f"{platform.machine()} {flags}"
+    from surge.models.device import cpu_flags
+
+    key = " ".join([platform.machine(), *sorted(cpu_flags())])
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
