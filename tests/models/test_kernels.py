@@ -45,3 +45,24 @@ def test_kernel_matches_torch_ops(
     got = torch.ops.surge.paged_decode(q, k_cache, v_cache, tables, lens, 0.125)
     assert got.dtype == dtype
     assert (got.float() - ref.float()).abs().max().item() < tol
+
+
+def test_kernels_build_with_the_pinned_ninja_without_an_activated_venv() -> None:
+    """`.venv/bin/surge` run without activating the venv must still build with the venv's ninja:
+    another version on PATH cannot read the build log and would rebuild every kernel."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pinned = Path(sys.executable).parent / "ninja"
+    if not pinned.exists():
+        pytest.skip("no ninja installed beside this interpreter")
+    code = (
+        "import shutil; from surge.models.kernels import _use_pinned_ninja; "
+        "_use_pinned_ninja(); print(shutil.which('ninja'))"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == str(pinned)

@@ -10,6 +10,7 @@ import hashlib
 import logging
 import os
 import platform
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -39,11 +40,23 @@ def kernel_dir() -> Path:
     return root / _cpu_tag()
 
 
+def _use_pinned_ninja() -> None:
+    """Put the environment's own ninja (pinned in pyproject) first on PATH: torch's loader runs
+    whichever `ninja` PATH finds, and a build recorded by another ninja version (a system one,
+    when the venv is not activated) is a log the other cannot read, so it rebuilds every kernel
+    (minutes on 2 cores); without a system ninja nothing would build at all."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if (Path(bin_dir) / "ninja").exists() and path.split(os.pathsep)[0] != bin_dir:
+        os.environ["PATH"] = os.pathsep.join([bin_dir, path]) if path else bin_dir
+
+
 def _load(name: str, build_dir: Path | None) -> ModuleType | None:
     if name in _cache:
         return _cache[name]
     module: ModuleType | None = None
     try:
+        _use_pinned_ninja()
         from torch.utils.cpp_extension import load
 
         # One folder per kernel: the loader writes its build.ninja there.
