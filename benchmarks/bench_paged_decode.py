@@ -2,12 +2,14 @@
 in one process (this machine drifts between runs). The old source is built under another op
 namespace (surge_old), so both run side by side on the same tensors.
 
-    python benchmarks/bench_paged_decode.py [--against a7cab5d] [--rounds 5]
+    python benchmarks/bench_paged_decode.py [--against a7cab5d] [--rounds 5] [--dtype float32]
+        [--layout sequential]
 
-SmolLM2-135M's shapes (9 query heads, 3 KV heads, head size 64, bf16, 16-token blocks); each
-layer has its own cache, as in the model, so 30 layers' KV comes from memory, not cache; the
-blocks of a request are scattered over the pool. Prints ms for 30 layers, old / new, and the
-largest output difference.
+SmolLM2-135M's shapes (9 query heads, 3 KV heads, head size 64, bf16 unless --dtype, 16-token
+blocks); each layer has its own cache, as in the model, so 30 layers' KV comes from memory, not
+cache; the blocks of a request are scattered over the pool unless --layout sequential. Prints ms for 30 layers, old / new, and the
+largest output difference. --layout sequential: each request's blocks in order, as a fresh pool
+hands them out (scattered: as after churn and prefix-cache reuse).
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--against", default="a7cab5d", help="git revision of the old kernel")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--layout", default="scattered", choices=["scattered", "sequential"])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     args = ap.parse_args()
     assert load_paged_decode() is not None, "the kernel does not build here"
     build_old("paged_decode", args.against)
     ops = {"old": torch.ops.surge_old.paged_decode, "new": torch.ops.surge.paged_decode}
     heads, kv_heads, head_dim, block, layers = 9, 3, 64, 16, 30
+    dtype = getattr(torch, args.dtype)
     gen = torch.Generator().manual_seed(0)
     for d, length in SHAPES:
         blocks_per_req = (length + block - 1) // block
@@ -40,13 +45,14 @@ def main() -> None:
         shape = (kv_heads, pool, block, head_dim)
         caches = [
             (
-                torch.randn(shape, generator=gen).bfloat16(),
-                torch.randn(shape, generator=gen).bfloat16(),
+                torch.randn(shape, generator=gen).to(dtype),
+                torch.randn(shape, generator=gen).to(dtype),
             )
             for _ in range(layers)
         ]
-        q = torch.randn(d, heads, head_dim, generator=gen).bfloat16()
-        tables = torch.randperm(pool, generator=gen)[: d * blocks_per_req].view(d, -1).contiguous()
+        q = torch.randn(d, heads, head_dim, generator=gen).to(dtype)
+        order = torch.randperm(pool, generator=gen) if args.layout == "scattered" else torch.arange(pool)
+        tables = order[: d * blocks_per_req].view(d, -1).contiguous()
         lens = torch.full((d,), length, dtype=torch.long)
         outs = [op(q, *caches[0], tables, lens, 0.125).float() for op in ops.values()]
         diff = (outs[0] - outs[1]).abs().max().item()

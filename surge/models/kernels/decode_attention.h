@@ -1,6 +1,7 @@
-// Decode attention of a few query heads against one KV head's paged cache, in AVX-512
+// Decode attention of a few query heads against one KV head's paged cache, in AVX-512 or AVX2
 // registers (elsewhere in plain loops the compiler vectorizes); shared by the paged_decode op
-// and the fused decode stack (q4_decode.cpp).
+// and the fused decode stack (q4_decode.cpp). SURGE_ATTEND_SIMD: attend_chunk is one of the
+// register paths, which take head sizes that are a multiple of 16.
 #pragma once
 #include <torch/extension.h>
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include "avx2_common.h"
 #include "avx512_common.h"
 
 namespace surge {
@@ -31,6 +33,7 @@ inline float exp_nonpositive(float x) {
 }  // namespace surge
 
 #ifdef __AVX512F__
+#define SURGE_ATTEND_SIMD 1
 
 namespace surge {
 
@@ -206,7 +209,113 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
 }
 
 }  // namespace surge
-#else  // no AVX-512: the same computation in plain loops, which the compiler vectorizes (AVX2)
+#elif defined(SURGE_AVX2)
+#define SURGE_ATTEND_SIMD 1
+
+namespace surge {
+
+// The AVX-512 path's computation in 8-lane registers, 16 of them: the queries stay in L1 (G
+// queries of HD floats do not fit in registers) and each key row, read once, is dotted with all
+// of them; 8 keys' dot-product vectors are summed across lanes together (hsum8). The values are
+// accumulated a slice of the head at a time, so that G x slice accumulators fit in registers.
+// Rows are walked block by block (no division per row: the block size is a runtime value).
+template <typename T>
+inline void prefetch_rows(const T* p, int64_t elems, int hint) {
+  const char* c = reinterpret_cast<const char*>(p);
+  const int64_t bytes = elems * static_cast<int64_t>(sizeof(T));
+  for (int64_t b = 0; b < bytes; b += 64) {
+    if (hint == _MM_HINT_T0) _mm_prefetch(c + b, _MM_HINT_T0);
+    else _mm_prefetch(c + b, _MM_HINT_T1);
+  }
+}
+
+template <typename T, int HD, int G, typename Q, typename O>
+void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, int64_t bs,
+                  int64_t len, float scale, float* scores, O* out) {
+  static_assert(HD % 16 == 0, "head size: a multiple of 16");
+  constexpr int V = HD / 8;
+  constexpr int KC = V < 8 ? V : 8;        // key vectors held at once (the dot in slices of 64)
+  constexpr int DC = G >= 3 ? 2 : 4;       // value vectors per pass: G * DC accumulators
+  const int64_t padded = (len + 15) & ~int64_t(15);
+  alignas(32) float qf[G][HD];
+  for (int g = 0; g < G; ++g)
+    for (int i = 0; i < HD; ++i) qf[g][i] = static_cast<float>(q[g * HD + i]) * scale;
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 mx[G];
+  for (int g = 0; g < G; ++g) mx[g] = neg_inf;
+  alignas(32) float part[G][8][8];
+  int64_t blk = 0, off = 0;
+  for (int64_t t0 = 0; t0 < padded; t0 += 8) {
+    const int64_t n = std::min<int64_t>(8, len - t0);  // <= 0: padding only
+    for (int j = 0; j < 8; ++j) {
+      if (j >= n) {  // -inf lanes sum to -inf: padding scores -inf, as masking wants
+        for (int g = 0; g < G; ++g) _mm256_store_ps(part[g][j], neg_inf);
+        continue;
+      }
+      if (off == 0) {
+        // A request's blocks lie anywhere in the pool, so the hardware prefetcher finds each
+        // only after its first misses: fetch the next block's keys while this one is scored,
+        // and this block's values into L2 for the value pass.
+        if ((blk + 1) * bs < len) prefetch_rows(kh + table[blk + 1] * bs * HD, bs * HD, _MM_HINT_T0);
+        prefetch_rows(vh + table[blk] * bs * HD, bs * HD, _MM_HINT_T1);
+      }
+      const T* kr = kh + (table[blk] * bs + off) * HD;
+      if (++off == bs) off = 0, ++blk;
+      __m256 s[G];
+      for (int g = 0; g < G; ++g) s[g] = _mm256_setzero_ps();
+      for (int c = 0; c < V; c += KC) {
+        __m256 k[KC];
+        for (int i = 0; i < KC; ++i) k[i] = load8(kr + (c + i) * 8);
+        for (int g = 0; g < G; ++g)
+          for (int i = 0; i < KC; ++i)
+            s[g] = _mm256_fmadd_ps(_mm256_load_ps(&qf[g][(c + i) * 8]), k[i], s[g]);
+      }
+      for (int g = 0; g < G; ++g) _mm256_store_ps(part[g][j], s[g]);
+    }
+    for (int g = 0; g < G; ++g) {
+      __m256 v[8];
+      for (int j = 0; j < 8; ++j) v[j] = _mm256_load_ps(part[g][j]);
+      const __m256 s = hsum8(v);
+      _mm256_storeu_ps(scores + g * padded + t0, s);
+      mx[g] = _mm256_max_ps(mx[g], s);
+    }
+  }
+  float inv[G];
+  for (int g = 0; g < G; ++g) {
+    const __m256 m = _mm256_set1_ps(hmax(mx[g]));
+    float* sg = scores + g * padded;
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t t0 = 0; t0 < padded; t0 += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t0), m));
+      _mm256_storeu_ps(sg + t0, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    inv[g] = 1.f / hsum(sum);
+  }
+  for (int c = 0; c < V; c += DC) {
+    __m256 acc[G][DC];
+    for (int g = 0; g < G; ++g)
+      for (int i = 0; i < DC; ++i) acc[g][i] = _mm256_setzero_ps();
+    blk = 0, off = 0;
+    for (int64_t t = 0; t < len; ++t) {
+      const T* vr = vh + (table[blk] * bs + off) * HD + c * 8;
+      if (++off == bs) off = 0, ++blk;
+      __m256 v[DC];
+      for (int i = 0; i < DC; ++i) v[i] = load8(vr + i * 8);
+      for (int g = 0; g < G; ++g) {
+        const __m256 p = _mm256_broadcast_ss(scores + g * padded + t);
+        for (int i = 0; i < DC; ++i) acc[g][i] = _mm256_fmadd_ps(p, v[i], acc[g][i]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m256 w = _mm256_set1_ps(inv[g]);
+      for (int i = 0; i < DC; ++i) store8(out + g * HD + (c + i) * 8, _mm256_mul_ps(acc[g][i], w));
+    }
+  }
+}
+
+}  // namespace surge
+#else  // neither: the same computation in plain loops, which the compiler vectorizes
 
 namespace surge {
 
@@ -265,4 +374,4 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
 }
 
 }  // namespace surge
-#endif  // __AVX512F__
+#endif  // __AVX512F__ / SURGE_AVX2 / plain loops

@@ -100,13 +100,13 @@ void decode_kernel(
   });
 }
 
-#ifdef __AVX512F__
-// The same computation with AVX-512 registers (decode_attention.h), for head sizes that are a
-// multiple of 16, parallel over (request, kv head).
+#ifdef SURGE_ATTEND_SIMD
+// The same computation in AVX-512 or AVX2 registers (decode_attention.h), for head sizes that
+// are a multiple of 16, parallel over (request, kv head).
 using surge::attend_chunk;
 
 template <typename T, int HD>
-void decode_kernel_avx512(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+void decode_kernel_simd(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
                           const int64_t* lens, T* out, int64_t D, int64_t H, int64_t kvh,
                           int64_t /*hd: HD*/, int64_t num_blocks, int64_t bs, int64_t max_blocks,
                           float scale) {
@@ -136,7 +136,7 @@ void decode_kernel_avx512(const T* q, const T* k_cache, const T* v_cache, const 
     }
   });
 }
-#endif  // __AVX512F__
+#endif  // SURGE_ATTEND_SIMD
 
 }  // namespace
 
@@ -158,10 +158,10 @@ torch::Tensor paged_decode(
              out.data_ptr<scalar_t>(), D, H, kvh, hd, num_blocks, bs, block_tables.size(1),
              static_cast<float>(scale));
     };
-#ifdef __AVX512F__
+#ifdef SURGE_ATTEND_SIMD
     if constexpr (!std::is_same_v<scalar_t, double>) {
-      if (hd == 64) return run(decode_kernel_avx512<scalar_t, 64>);
-      if (hd == 128) return run(decode_kernel_avx512<scalar_t, 128>);
+      if (hd == 64) return run(decode_kernel_simd<scalar_t, 64>);
+      if (hd == 128) return run(decode_kernel_simd<scalar_t, 128>);
     }
 #endif
     if (hd == 64) run(decode_kernel<scalar_t, 64>);
