@@ -7,9 +7,9 @@ namespace (surge_old), so both run side by side on the same tensors.
 
 SmolLM2-135M's shapes (9 query heads, 3 KV heads, head size 64, bf16 unless --dtype, 16-token
 blocks); each layer has its own cache, as in the model, so 30 layers' KV comes from memory, not
-cache; the blocks of a request are scattered over the pool unless --layout sequential. Prints ms for 30 layers, old / new, and the
-largest output difference. --layout sequential: each request's blocks in order, as a fresh pool
-hands them out (scattered: as after churn and prefix-cache reuse).
+cache; a request's blocks are scattered over the pool (as after churn and prefix-cache reuse), or
+in order with --layout sequential (as a fresh pool hands them out). Prints ms for 30 layers,
+old / new, and the largest output difference.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def main() -> None:
             for _ in range(layers)
         ]
         q = torch.randn(d, heads, head_dim, generator=gen).to(dtype)
-        order = torch.randperm(pool, generator=gen) if args.layout == "scattered" else torch.arange(pool)
+        scattered = args.layout == "scattered"
+        order = torch.randperm(pool, generator=gen) if scattered else torch.arange(pool)
         tables = order[: d * blocks_per_req].view(d, -1).contiguous()
         lens = torch.full((d,), length, dtype=torch.long)
         outs = [op(q, *caches[0], tables, lens, 0.125).float() for op in ops.values()]

@@ -21,7 +21,14 @@ from surge.engine.kv_cache import (
     recommend_max_num_seqs,
 )
 from surge.models import build_model
-from surge.models.device import DTYPE_NAMES, Precision, choose_kv_dtype, choose_precision, describe
+from surge.models.device import (
+    DTYPE_NAMES,
+    Precision,
+    choose_kv_dtype,
+    choose_precision,
+    cpu_flags,
+    describe,
+)
 from surge.models.llama import LlamaForCausalLM
 from surge.models.quant import estimate_weight_bytes, weight_bytes
 from surge.models.spec import ModelSpec
@@ -65,6 +72,25 @@ def plan_load(model_cfg: ModelConfig, cache_cfg: CacheConfig, spec: ModelSpec) -
     )
 
 
+def quantization_hint(quantization: str, precision: Precision) -> str | None:
+    """A faster setting for this device when the weights run unquantized on a CPU with a
+    vectorized 4-bit kernel: a CPU decode step reads every weight, so bytes per weight set its
+    speed (float32 on AVX2 decoded ~10x slower than q4 in BENCHMARKS.md's seventh pass)."""
+    if quantization != "none" or precision.device.type != "cpu":
+        return None
+    flags = cpu_flags()
+    if "avx512_vnni" in flags:
+        kernel = "AVX-512 VNNI"
+    elif {"avx2", "fma", "f16c"} <= flags:
+        kernel = "AVX2"
+    else:
+        return None
+    return (
+        f"decode is faster with --quantization q4 (4-bit weights, {kernel} kernel here; a Q4_1 "
+        f"GGUF's own blocks) or int8: 2-10x float at one request on the CPUs in BENCHMARKS.md"
+    )
+
+
 def load_model(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: ModelFiles) -> LoadedModel:
     """Build and quantize the model, allocate the KV cache, and log what was chosen and why."""
     spec = files.spec
@@ -91,6 +117,9 @@ def load_model(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: ModelFiles
         weight_bytes(model) / (1 << 20),
         time.perf_counter() - t0,
     )
+    hint = quantization_hint(model_cfg.quantization, precision)
+    if hint:
+        log.info("hint: %s", hint)
     log.info(
         "KV cache %s (%s): %d blocks x %d tokens = %d tokens (%.2f GiB); context %d",
         DTYPE_NAMES.get(p.kv_dtype, str(p.kv_dtype)),
@@ -139,6 +168,11 @@ def capability_report(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: Mod
         f"max_num_seqs  recommended {recommend_max_num_seqs(plan.num_tokens, max_len)} "
         f"(KV tokens / {AVERAGE_CONTEXT_TOKENS}-token average context, at most "
         f"{MAX_RECOMMENDED_SEQS})",
+    ]
+    hint = quantization_hint(model_cfg.quantization, precision)
+    if hint:
+        lines.append(f"hint          {hint}")
+    lines += [
         "",
         f"{'KV memory':>10} {'tokens':>10} {'seqs@512':>9} {'seqs@2048':>10} {'max_num_seqs':>13}",
     ]

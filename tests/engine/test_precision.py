@@ -14,7 +14,15 @@ import torch
 
 from surge import LLM, SamplingParams
 from surge.cli import main as cli_main
-from surge.models.device import DeviceCaps, choose_kv_dtype, choose_precision, device_caps
+from surge.engine.loader import quantization_hint
+from surge.models.device import (
+    DeviceCaps,
+    Precision,
+    choose_kv_dtype,
+    choose_precision,
+    cpu_flags,
+    device_caps,
+)
 from surge.models.evaluate import perplexity, score, token_logprobs
 from surge.models.q4 import Q4Linear
 from surge.models.quant import Int8Linear, estimate_weight_bytes, weight_bytes
@@ -174,6 +182,21 @@ def test_info_reports_capacity(smollm2_gguf_path: Path, capsys: pytest.CaptureFi
     tokens = (1 << 30) // (23040 * 16) * 16 if kv_bf16 else (1 << 30) // (46080 * 16) * 16
     assert f"-> {tokens:,} tokens" in out
     assert "max_num_seqs  recommended" in out
+    assert "hint" not in out  # already quantized
+
+
+def test_hint_names_the_4_bit_kernel_this_cpu_has() -> None:
+    cpu = Precision(torch.device("cpu"), torch.float32, "test")
+    assert quantization_hint("q4", cpu) is None and quantization_hint("int8", cpu) is None
+    hint = quantization_hint("none", cpu)
+    flags = cpu_flags()
+    if "avx512_vnni" in flags:
+        assert hint is not None and "AVX-512 VNNI" in hint
+    elif {"avx2", "fma", "f16c"} <= flags:
+        assert hint is not None and "AVX2 kernel" in hint
+    else:
+        assert hint is None
+    assert quantization_hint("none", Precision(torch.device("cuda"), torch.float16, "t")) is None
 
 
 # ---- accuracy on the real model -------------------------------------------------------------
