@@ -115,7 +115,7 @@ FOUR_BIT = 16  # a q4_max_rows that keeps every case below on the 4-bit weights
         (torch.float32, False, 6, [1, 2, 15, 16, 17, 33, 64, 100], FOUR_BIT),
         (torch.float32, False, 4, LONG, FOUR_BIT),
         (torch.bfloat16, False, 4, [1, 31, 77], FOUR_BIT),
-        # 20 rows on the 4-bit weights (two row passes and a partial one of each projection).
+        # 20 rows on the 4-bit weights: per-row phases (and their quantization) split by rows.
         (torch.float32, True, 6, MANY, 2 * FOUR_BIT),
         # The int8 copies through the packed GEMM, per-row phases split by rows.
         pytest.param(torch.float32, False, 4, LONG, GEMV_MAX_ROWS, marks=needs_int8_copies),

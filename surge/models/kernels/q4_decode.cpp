@@ -275,6 +275,11 @@ class Q4DecodeStack {
     surge::w8a8::resize(x8_hidden_, M, hidden_);
     surge::w8a8::resize(x8_attn_, M, heads_ * hd_);
     surge::w8a8::resize(x8_inter_, M, inter_);
+    if (M <= q4_max_rows_) {
+      resize(xq_hidden_, M, hidden_);
+      resize(xq_attn_, M, heads_ * hd_);
+      resize(xq_inter_, M, inter_);
+    }
     Step s{M, bs, slots, max_blocks, (max_len + 15) & ~int64_t(15), pos, slot, lens, tables,
            out.data_ptr<float>()};
     switch (cache_dtype_) {
@@ -300,6 +305,7 @@ class Q4DecodeStack {
 
  private:
   static constexpr int64_t kMaxStackRows = 1024;
+  static constexpr int64_t kSplitRows = 8;  // per-row phases split between threads from here
   using Clock = std::chrono::steady_clock;
   enum Phase { kPhaseNorm1, kPhaseQkv, kPhaseRope, kPhaseAttention, kPhaseQuantAttn, kPhaseO, kPhaseNorm2, kPhaseGateUp, kPhaseSilu, kPhaseDown, kPhases };
 
@@ -319,21 +325,21 @@ class Q4DecodeStack {
   // Thread tid's share of a projection's output channels (whole tiles of 16; the last thread
   // also takes the rows after the last tile); ADD: added into `out`.
   template <bool ADD>
-  void project(const Q4Weight& w, const float* bias, int64_t M, float* out, int tid,
-               int nt) const {
+  static void project(const Q4Weight& w, const QuantizedX& xq, const float* bias, int64_t M,
+                      float* out, int tid, int nt) {
     const int64_t tiles = w.N / kTile;
     const auto [b, e] = share(tiles, tid, nt);
     const int64_t n1 = tid == nt - 1 ? w.N : e * kTile;
-    q4_range<ADD>(w.q(), w.d(), xq_, M, bias, b * kTile, n1, w.N, out);
+    q4_range<ADD>(w.q(), w.d(), xq, M, bias, b * kTile, n1, w.N, out);
   }
 
-  // The activations for the next projection from float32 rows x [M, K], rows [r0, r1) of them:
-  // u8 rows into `a` (int8 path; each thread its rows), else 4-bit blocks of all rows on thread
-  // 0 (r1 > 0 there). Callers barrier after.
-  void quantize(const float* x, int64_t M, int64_t K, bool int8, int64_t r0, int64_t r1,
-                surge::w8a8::QuantRows& a) {
+  // The activations for the next projection from float32 rows x [M, K], rows [r0, r1) of them
+  // (each thread its rows): u8 rows into `a` (int8 path), else 4-bit blocks into `xq`. Callers
+  // barrier after.
+  static void quantize(const float* x, int64_t K, bool int8, int64_t r0, int64_t r1,
+                       surge::w8a8::QuantRows& a, QuantizedX& xq) {
     if (int8) surge::w8a8::quantize_rows_u8(x, r0, r1, K, a);
-    else if (r1 > 0) quantize_blocks(x, M, K, xq_);
+    else quantize_block_rows(x, r0, r1, xq);
   }
 
   // Thread tid's share of an int8 projection of `a`, in whole panels.
@@ -362,18 +368,19 @@ class Q4DecodeStack {
       std::vector<float> scores(kChunk<HD> * s.padded_len);
       Clock::time_point t = Clock::now();  // thread 0's last phase boundary
       for (const Layer& L : layers_) {
-        // Per-row phases: by rows between the threads when the int8 path runs (many rows),
-        // else on thread 0 (a few rows are not worth a split).
-        const auto [r0, r1] = int8 ? share(M, tid, n) : std::pair<int64_t, int64_t>{0, tid ? 0 : M};
+        // Per-row phases (norms, activation quantization, rope, SiLU): by rows between the
+        // threads past a few rows, else on thread 0 (a split costs more than it saves there).
+        const auto [r0, r1] = M >= kSplitRows ? share(M, tid, n)
+                                              : std::pair<int64_t, int64_t>{0, tid ? 0 : M};
         rms_norm(x + r0 * H, L.ln1.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
-        quantize(norm_.data(), M, H, int8, r0, r1, x8_hidden_);
+        quantize(norm_.data(), H, int8, r0, r1, x8_hidden_, xq_hidden_);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseNorm1, t);
         if (int8) {
           project8<false>(L.qkv8, x8_hidden_, qkv_.data(), tid, n);
         } else {
           const float* qkv_bias = L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr;
-          project<false>(L.qkv, qkv_bias, M, qkv_.data(), tid, n);
+          project<false>(L.qkv, xq_hidden_, qkv_bias, M, qkv_.data(), tid, n);
         }
 #pragma omp barrier
         if (tid == 0) mark(kPhaseQkv, t);
@@ -419,27 +426,27 @@ class Q4DecodeStack {
         }
 #pragma omp barrier
         if (tid == 0) mark(kPhaseAttention, t);
-        quantize(attn_.data(), M, q_size, int8, r0, r1, x8_attn_);
+        quantize(attn_.data(), q_size, int8, r0, r1, x8_attn_, xq_attn_);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseQuantAttn, t);
         if (int8) project8<true>(L.o8, x8_attn_, x, tid, n);
-        else project<true>(L.o, nullptr, M, x, tid, n);
+        else project<true>(L.o, xq_attn_, nullptr, M, x, tid, n);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseO, t);
         rms_norm(x + r0 * H, L.ln2.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
-        quantize(norm_.data(), M, H, int8, r0, r1, x8_hidden_);
+        quantize(norm_.data(), H, int8, r0, r1, x8_hidden_, xq_hidden_);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseNorm2, t);
         if (int8) project8<false>(L.gate_up8, x8_hidden_, gu_.data(), tid, n);
-        else project<false>(L.gate_up, nullptr, M, gu_.data(), tid, n);
+        else project<false>(L.gate_up, xq_hidden_, nullptr, M, gu_.data(), tid, n);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseGateUp, t);
         silu_mul(gu_.data() + r0 * 2 * inter_, act_.data() + r0 * inter_, r1 - r0, inter_);
-        quantize(act_.data(), M, inter_, int8, r0, r1, x8_inter_);
+        quantize(act_.data(), inter_, int8, r0, r1, x8_inter_, xq_inter_);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseSilu, t);
         if (int8) project8<true>(L.down8, x8_inter_, x, tid, n);
-        else project<true>(L.down, nullptr, M, x, tid, n);
+        else project<true>(L.down, xq_inter_, nullptr, M, x, tid, n);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseDown, t);
       }
@@ -455,8 +462,9 @@ class Q4DecodeStack {
   std::vector<Layer> layers_;
   torch::Tensor cos_, sin_;
   std::vector<float> norm_, qkv_, attn_, gu_, act_;  // step buffers, reused
-  QuantizedX xq_;  // the activations the next 4-bit projection reads
-  // ... the next int8 projection reads, by input width (sized before the parallel region)
+  // The activations the next 4-bit / int8 projection reads, by input width (sized before the
+  // parallel region, so that threads fill their rows of them at once).
+  QuantizedX xq_hidden_, xq_attn_, xq_inter_;
   surge::w8a8::QuantRows x8_hidden_, x8_attn_, x8_inter_;
 };
 #endif  // SURGE_Q4_SIMD

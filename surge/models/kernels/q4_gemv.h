@@ -74,12 +74,12 @@ inline void resize(QuantizedX& xq, int64_t M, int64_t K) {
   xq.sx.resize(M * xq.blocks);
 }
 
-// x [M, K] -> `out`, resized.
+// Rows [m0, m1) of x [M, K] -> the same rows of `out`, already sized for K (threads may fill
+// disjoint rows at once).
 template <typename T>
-void quantize_blocks(const T* x, int64_t M, int64_t K, QuantizedX& out) {
-  resize(out, M, K);
-  const int64_t B = K / kBlock, groups_end = K / kGroup * kGroup;
-  for (int64_t m = 0; m < M; ++m) {
+void quantize_block_rows(const T* x, int64_t m0, int64_t m1, QuantizedX& out) {
+  const int64_t K = out.K, B = K / kBlock, groups_end = K / kGroup * kGroup;
+  for (int64_t m = m0; m < m1; ++m) {
     const T* xm = x + m * K;
     int8_t* qm = out.q.data() + m * K;
     for (int64_t b = 0; b < B; ++b) {
@@ -121,6 +121,13 @@ void quantize_blocks(const T* x, int64_t M, int64_t K, QuantizedX& out) {
       out.sx[m * B + b] = d * static_cast<float>(qsum);
     }
   }
+}
+
+// x [M, K] -> `out`, resized.
+template <typename T>
+void quantize_blocks(const T* x, int64_t M, int64_t K, QuantizedX& out) {
+  resize(out, M, K);
+  quantize_block_rows(x, 0, M, out);
 }
 
 #ifdef SURGE_AVX512_VNNI
