@@ -1,9 +1,9 @@
-// AVX2 helpers shared by the compiled CPU kernels on CPUs without AVX-512: 8-lane loads and
-// stores of float32, bfloat16 and float16 rows, the sum across lanes of 8 vectors at once, and
-// exp of non-positive lanes.
+// AVX2 helpers shared by the compiled CPU kernels (the paths for CPUs without AVX-512, or
+// without its VNNI): 8-lane loads and stores of float32, bfloat16 and float16 rows, the sum
+// across lanes of 8 vectors at once, and exp of non-positive lanes.
 #pragma once
 #include <torch/extension.h>
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #include <cstdint>
 #define SURGE_AVX2 1
@@ -31,6 +31,13 @@ inline void store8(at::BFloat16* p, __m256 v) {
 }
 inline void store8(at::Half* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+template <typename T>  // any other type (double): lane by lane
+inline void store8(T* p, __m256 v) {
+  alignas(32) float t[8];
+  _mm256_store_ps(t, v);
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<T>(t[i]);
 }
 
 // r[j] = sum of the 8 lanes of v[j], for j < 8: a tree of horizontal adds (9 ops for 8 sums).
@@ -72,4 +79,4 @@ inline __m256 exp8(__m256 x) {
 }
 
 }  // namespace surge
-#endif  // AVX2 without AVX-512
+#endif  // AVX2, FMA, F16C

@@ -14,7 +14,7 @@
 #include "avx512_common.h"
 #define SURGE_AVX512_VNNI 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SURGE_PORTABLE_KERNELS)
-#include <immintrin.h>
+#include "avx2_common.h"
 #define SURGE_Q4_AVX2 1
 #endif
 // A vectorized q4 GEMV is compiled here (AVX-512 VNNI, or AVX2 without it): the fused decode
@@ -243,20 +243,6 @@ void q4_rows(const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq, int64_
 // them added in 16 bits per group (30480 < 32767: no saturation), widened to 32 bits once per
 // group by vpmaddwd; lane i of the low sum is block i, of the high sum block 8 + i.
 
-// r[j] = sum of the 8 lanes of v[j], j < 8.
-inline __m256 hsum8(const __m256* v) {
-  const __m256 a0 = _mm256_hadd_ps(v[0], v[1]), a1 = _mm256_hadd_ps(v[2], v[3]);
-  const __m256 a2 = _mm256_hadd_ps(v[4], v[5]), a3 = _mm256_hadd_ps(v[6], v[7]);
-  const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
-}
-
-inline float hsum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
 // sum[m]: 8 partial sums (unreduced) of weight row qs/dm times activation row m0 + m.
 template <int MR>
 inline void q4_row(const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq, int64_t m0,
@@ -321,18 +307,6 @@ inline void q4_row(const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq, 
     }
   }
   for (int m = 0; m < MR; ++m) sum[m] = _mm256_add_ps(acc[m], macc[m]);
-}
-
-// 8 outputs (float32 sums) stored as T, rounded like c10's conversions.
-template <typename T>
-inline void store8(T* p, __m256 v) {
-  if constexpr (std::is_same_v<T, float>) {
-    _mm256_storeu_ps(p, v);
-  } else {
-    alignas(32) float t[8];
-    _mm256_store_ps(t, v);
-    for (int i = 0; i < 8; ++i) p[i] = static_cast<T>(t[i]);
-  }
 }
 
 // Output channels [n0, n1) for activation rows m0 .. m0 + MR - 1; ADD (float output only):
