@@ -72,11 +72,16 @@ def plan_load(model_cfg: ModelConfig, cache_cfg: CacheConfig, spec: ModelSpec) -
     )
 
 
-def quantization_hint(quantization: str, precision: Precision) -> str | None:
+def quantization_hint(model_cfg: ModelConfig, precision: Precision) -> str | None:
     """A faster setting for this device when the weights run unquantized on a CPU with a
-    vectorized 4-bit kernel: a CPU decode step reads every weight, so bytes per weight set its
-    speed (float32 on AVX2 decoded ~10x slower than q4 in BENCHMARKS.md's seventh pass)."""
-    if quantization != "none" or precision.device.type != "cpu":
+    vectorized 4-bit kernel (and the kernels on): a CPU decode step reads every weight, so bytes
+    per weight set its speed (float32 on AVX2 decoded ~10x slower than q4 in BENCHMARKS.md's
+    seventh pass)."""
+    if (
+        model_cfg.quantization != "none"
+        or not model_cfg.use_kernels
+        or precision.device.type != "cpu"
+    ):
         return None
     flags = cpu_flags()
     if "avx512_vnni" in flags:
@@ -117,7 +122,7 @@ def load_model(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: ModelFiles
         weight_bytes(model) / (1 << 20),
         time.perf_counter() - t0,
     )
-    hint = quantization_hint(model_cfg.quantization, precision)
+    hint = quantization_hint(model_cfg, precision)
     if hint:
         log.info("hint: %s", hint)
     log.info(
@@ -169,7 +174,7 @@ def capability_report(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: Mod
         f"(KV tokens / {AVERAGE_CONTEXT_TOKENS}-token average context, at most "
         f"{MAX_RECOMMENDED_SEQS})",
     ]
-    hint = quantization_hint(model_cfg.quantization, precision)
+    hint = quantization_hint(model_cfg, precision)
     if hint:
         lines.append(f"hint          {hint}")
     lines += [

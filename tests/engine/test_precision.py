@@ -14,6 +14,7 @@ import torch
 
 from surge import LLM, SamplingParams
 from surge.cli import main as cli_main
+from surge.engine.config import ModelConfig
 from surge.engine.loader import quantization_hint
 from surge.models.device import (
     DeviceCaps,
@@ -187,8 +188,10 @@ def test_info_reports_capacity(smollm2_gguf_path: Path, capsys: pytest.CaptureFi
 
 def test_hint_names_the_4_bit_kernel_this_cpu_has() -> None:
     cpu = Precision(torch.device("cpu"), torch.float32, "test")
-    assert quantization_hint("q4", cpu) is None and quantization_hint("int8", cpu) is None
-    hint = quantization_hint("none", cpu)
+    for quantized in ("q4", "int8"):
+        assert quantization_hint(ModelConfig(quantization=quantized), cpu) is None
+    assert quantization_hint(ModelConfig(use_kernels=False), cpu) is None  # torch ops: no gain
+    hint = quantization_hint(ModelConfig(), cpu)
     flags = cpu_flags()
     if "avx512_vnni" in flags:
         assert hint is not None and "AVX-512 VNNI" in hint
@@ -196,7 +199,8 @@ def test_hint_names_the_4_bit_kernel_this_cpu_has() -> None:
         assert hint is not None and "AVX2 kernel" in hint
     else:
         assert hint is None
-    assert quantization_hint("none", Precision(torch.device("cuda"), torch.float16, "t")) is None
+    cuda = Precision(torch.device("cuda"), torch.float16, "test")
+    assert quantization_hint(ModelConfig(), cuda) is None
 
 
 # ---- accuracy on the real model -------------------------------------------------------------

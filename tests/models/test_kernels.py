@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -50,10 +54,6 @@ def test_kernel_matches_torch_ops(
 def test_kernels_build_with_the_pinned_ninja_without_an_activated_venv() -> None:
     """`.venv/bin/surge` run without activating the venv must still build with the venv's ninja:
     another version on PATH cannot read the build log and would rebuild every kernel."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     pinned = Path(sys.executable).parent / "ninja"
     if not pinned.exists():
         pytest.skip("no ninja installed beside this interpreter")

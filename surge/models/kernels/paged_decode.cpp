@@ -107,9 +107,9 @@ using surge::attend_chunk;
 
 template <typename T, int HD>
 void decode_kernel_simd(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
-                          const int64_t* lens, T* out, int64_t D, int64_t H, int64_t kvh,
-                          int64_t /*hd: HD*/, int64_t num_blocks, int64_t bs, int64_t max_blocks,
-                          float scale) {
+                        const int64_t* lens, T* out, int64_t D, int64_t H, int64_t kvh,
+                        int64_t /*hd: HD*/, int64_t num_blocks, int64_t bs, int64_t max_blocks,
+                        float scale) {
   constexpr int kChunk = 256 / HD;  // queries per pass: their registers fit beside the K rows
   const int64_t group = H / kvh;
   at::parallel_for(0, D * kvh, 1, [&](int64_t begin, int64_t end) {

@@ -305,7 +305,7 @@ class Q4DecodeStack {
 
  private:
   static constexpr int64_t kMaxStackRows = 1024;
-  static constexpr int64_t kSplitRows = 8;  // per-row phases split between threads from here
+  static constexpr int64_t kSplitRows = 8;  // 4-bit path: per-row phases split from here
   using Clock = std::chrono::steady_clock;
   enum Phase { kPhaseNorm1, kPhaseQkv, kPhaseRope, kPhaseAttention, kPhaseQuantAttn, kPhaseO, kPhaseNorm2, kPhaseGateUp, kPhaseSilu, kPhaseDown, kPhases };
 
@@ -369,9 +369,11 @@ class Q4DecodeStack {
       Clock::time_point t = Clock::now();  // thread 0's last phase boundary
       for (const Layer& L : layers_) {
         // Per-row phases (norms, activation quantization, rope, SiLU): by rows between the
-        // threads past a few rows, else on thread 0 (a split costs more than it saves there).
-        const auto [r0, r1] = M >= kSplitRows ? share(M, tid, n)
-                                              : std::pair<int64_t, int64_t>{0, tid ? 0 : M};
+        // threads on the int8 path or past a few rows, else on thread 0 (a split of a few rows
+        // costs more than it saves).
+        const auto [r0, r1] = int8 || M >= kSplitRows
+                                  ? share(M, tid, n)
+                                  : std::pair<int64_t, int64_t>{0, tid ? 0 : M};
         rms_norm(x + r0 * H, L.ln1.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
         quantize(norm_.data(), H, int8, r0, r1, x8_hidden_, xq_hidden_);
 #pragma omp barrier
