@@ -5,8 +5,8 @@ machine's drift between runs falls on all of them alike.
         [--rounds 6] [--steps 40]
 
 A configuration is a quantization with optional suffixes: "+compile" (torch.compile, only the
-graph for this batch size is built), "+layers" (no fused decode stack: layer by layer) and
-"+kvbf16" (a bfloat16 KV cache whatever the model's dtype).
+graph for this batch size is built), "+layers" (no fused decode stack: layer by layer), "+kvbf16"
+and "+kvf32" (a bfloat16 or float32 KV cache whatever `auto` would choose).
 Each decodes `requests` ~100-token requests at once; rounds alternate between the
 configurations, each round the median of `steps` engine steps.
 """
@@ -23,7 +23,7 @@ from surge.engine.outputs import EngineCoreRequest
 
 def build(config: str, requests: int) -> LLM:
     quantization, *flags = config.split("+")
-    unknown = set(flags) - {"compile", "layers", "kvbf16"}
+    unknown = set(flags) - {"compile", "layers", "kvbf16", "kvf32"}
     if unknown:
         raise SystemExit(f"unknown flags {unknown} in {config!r}")
     return LLM(
@@ -32,7 +32,9 @@ def build(config: str, requests: int) -> LLM:
         compile="compile" in flags,
         compile_warmup=False,
         fused_decode="layers" not in flags,
-        kv_cache_dtype="bfloat16" if "kvbf16" in flags else "auto",
+        kv_cache_dtype=(
+            "bfloat16" if "kvbf16" in flags else "float32" if "kvf32" in flags else "auto"
+        ),
         max_num_seqs=max(requests, 4),
     )
 

@@ -47,14 +47,20 @@ class Config:
     dtype: str
     quantization: str
     compile: bool
+    kv_cache_dtype: str = "auto"
 
     @classmethod
     def parse(cls, text: str) -> Config:
-        """float32 | bfloat16 | int8 | int8-weight-only | w8a8, optionally +compile."""
-        base, _, extra = text.partition("+")
+        """float32 | bfloat16 | int8 | int8-weight-only | w8a8 | q4, then optionally +compile,
+        +kvbf16 or +kvf32 (a bfloat16 or float32 KV cache whatever `auto` would choose)."""
+        base, *flags = text.split("+")
+        unknown = set(flags) - {"compile", "kvbf16", "kvf32"}
+        if unknown:
+            raise SystemExit(f"unknown flags {unknown} in {text!r}")
+        kv = "bfloat16" if "kvbf16" in flags else "float32" if "kvf32" in flags else "auto"
         if base in ("float32", "bfloat16", "float16"):
-            return cls(text, base, "none", extra == "compile")
-        return cls(text, "auto", base, extra == "compile")
+            return cls(text, base, "none", "compile" in flags, kv)
+        return cls(text, "auto", base, "compile" in flags, kv)
 
     def llm(self, max_num_seqs: int) -> LLM:
         return LLM(
@@ -62,6 +68,7 @@ class Config:
             dtype=self.dtype,
             quantization=self.quantization,
             compile=self.compile,
+            kv_cache_dtype=self.kv_cache_dtype,
             max_num_seqs=max_num_seqs,
         )
 
@@ -151,9 +158,10 @@ def run_accuracy(
         if text_ids is None:
             text_ids = llm.tokenizer.encode((DATA / "pride_and_prejudice_ch1.txt").read_text())
         model = llm.engine.model
-        ppl = perplexity(token_logprobs(model, text_ids))
+        kv = llm.engine.runner.kv_caches[0][0].dtype  # the engine's, `auto` resolved
+        ppl = perplexity(token_logprobs(model, text_ids, kv))
         # Chunks of 8 rows: the kernels of a decode step (GEMV, q4), not the prefill's GEMMs.
-        ppl8 = perplexity(token_logprobs(model, text_ids, chunk_size=DECODE_ROWS))
+        ppl8 = perplexity(token_logprobs(model, text_ids, kv, chunk_size=DECODE_ROWS))
         outs = llm.generate(prompts, params, use_tqdm=False)
         tokens = [o.outputs[0].token_ids for o in outs]
         if ref_outs is None:
@@ -165,7 +173,7 @@ def run_accuracy(
         for o in ref_outs:
             text = o.prompt_token_ids + o.outputs[0].token_ids
             for rows in (512, DECODE_ROWS):
-                greedy = score(model, text, chunk_size=rows)[1]
+                greedy = score(model, text, kv, chunk_size=rows)[1]
                 cont = greedy[len(o.prompt_token_ids) - 1 :].tolist()
                 same = sum(a == b for a, b in zip(cont, o.outputs[0].token_ids, strict=True))
                 if rows == 512:

@@ -39,7 +39,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="auto: the model's dtype",
+        help="auto: the model's dtype, but bf16 where auto chose float32 on a CPU",
     )
     g.add_argument(
         "--quantization",

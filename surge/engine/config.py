@@ -44,7 +44,7 @@ class CacheConfig:
     kv_cache_memory_gib: float = 2.0  # memory budget for the KV block pool
     num_blocks: int | None = None  # exact pool size (overrides the memory budget; used by tests)
     enable_prefix_caching: bool = True
-    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | float32 | bfloat16 | float16
+    kv_cache_dtype: str = "auto"  # auto (see device.choose_kv_dtype) | float32 | bfloat16 | float16
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):

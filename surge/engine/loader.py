@@ -62,7 +62,7 @@ class LoadedModel:
 
 def plan_load(model_cfg: ModelConfig, cache_cfg: CacheConfig, spec: ModelSpec) -> LoadPlan:
     precision = choose_precision(model_cfg.device, model_cfg.dtype)
-    kv_dtype, kv_reason = choose_kv_dtype(cache_cfg.kv_cache_dtype, precision.dtype)
+    kv_dtype, kv_reason = choose_kv_dtype(cache_cfg.kv_cache_dtype, precision)
     kv_plan = plan_kv_cache(
         spec, kv_dtype, cache_cfg.block_size, cache_cfg.kv_cache_memory_gib, cache_cfg.num_blocks
     )

@@ -64,6 +64,11 @@ def paged_attention(
 ) -> Tensor:  # [num_tokens, num_heads * head_dim]
     k_cache, v_cache = attn.kv_caches[layer]  # [kv_heads, num_blocks, block_size, head_dim]
     num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
+    if k.dtype != k_cache.dtype:
+        # A cache dtype of its own: attend to what the cache holds, fresh or cached, so that a
+        # prefix-cache hit, a chunk boundary or a recompute after preemption gives the same
+        # numbers as one pass.
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     if attn.write_kv_op is not None:
         attn.write_kv_op(k, v, k_cache, v_cache, attn.slot_mapping)
     else:
@@ -101,10 +106,10 @@ def _decode_attention(
     scale: float,
     group: int,
 ) -> Tensor:  # [D, num_heads, head_dim]
-    if q.dtype != k_cache.dtype:  # a KV cache dtype of its own: attend in the cache's dtype
-        out = _decode_attention(q.to(k_cache.dtype), k_cache, v_cache, attn, scale, group)
-        return out.to(q.dtype)
     if attn.decode_op is not None:
+        if q.dtype != k_cache.dtype:  # a KV cache dtype of its own: the op takes the cache's
+            out = _decode_attention(q.to(k_cache.dtype), k_cache, v_cache, attn, scale, group)
+            return out.to(q.dtype)
         return attn.decode_op(
             q.contiguous(), k_cache, v_cache, attn.decode_block_tables, attn.decode_seq_lens, scale
         )
@@ -113,8 +118,10 @@ def _decode_attention(
     tables = attn.decode_block_tables.view(-1)  # [D * max_blocks]
     # One gather per cache gives [kv_heads, D * max_blocks, block_size, hd], contiguous;
     # index_select copies whole blocks, ~2x faster than advanced indexing on CPU.
-    ks = k_cache.index_select(1, tables).view(kvh * d, -1, head_dim)  # [kv_heads * D, L, hd]
-    vs = v_cache.index_select(1, tables).view(kvh * d, -1, head_dim)
+    # A cache dtype of its own is widened here, after the gather: the matmuls run in the
+    # query's dtype (bf16 ones are emulated, slowly, on CPUs without native bf16).
+    ks = k_cache.index_select(1, tables).view(kvh * d, -1, head_dim).to(q.dtype)
+    vs = v_cache.index_select(1, tables).view(kvh * d, -1, head_dim).to(q.dtype)
     # The `group` query heads sharing a KV head are `group` rows against the same keys.
     qg = q.view(d, kvh, group, head_dim).transpose(0, 1).reshape(kvh * d, group, head_dim)
     scores = torch.bmm(qg, ks.transpose(1, 2)).float() * scale  # [kv_heads * D, group, L]

@@ -69,11 +69,27 @@ def test_config_and_model_agree_on_the_quantizations() -> None:
         config.ModelConfig(quantization="int4")
 
 
-def test_kv_cache_dtype_auto_follows_the_model() -> None:
-    assert choose_kv_dtype("auto", torch.bfloat16)[0] == torch.bfloat16
-    assert choose_kv_dtype("float32", torch.bfloat16) == (torch.float32, "requested")
+def test_kv_cache_dtype_auto_follows_the_model_but_not_a_float32_for_want_of_bf16() -> None:
+    cpu = torch.device("cpu")
+    native = choose_precision("cpu", "auto", device_caps(cpu, {"avx512f", "avx512_bf16"}))
+    assert choose_kv_dtype("auto", native) == (torch.bfloat16, "follows the model dtype")
+    assert choose_kv_dtype("float32", native) == (torch.float32, "requested")
+    # auto chose float32 (no native bf16): the cache is bf16, half the bytes per token
+    plain = device_caps(cpu, {"avx2", "fma", "f16c"})
+    fallback = choose_precision("cpu", "auto", plain)
+    kv, why = choose_kv_dtype("auto", fallback)
+    assert fallback.dtype == torch.float32 and kv == torch.bfloat16
+    assert "--kv-cache-dtype float32" in why
+    assert choose_kv_dtype("float32", fallback)[0] == torch.float32
+    # a named float32 keeps its float32 cache, and GPUs follow the model
+    named = choose_precision("cpu", "float32", plain)
+    assert choose_kv_dtype("auto", named) == (torch.float32, "follows the model dtype")
+    cuda = DeviceCaps(
+        torch.device("cuda"), "GPU", ("sm75",), ("float16", "float32"), True, False, 1
+    )
+    assert choose_kv_dtype("auto", choose_precision("cuda", "auto", cuda))[0] == torch.float16
     with pytest.raises(ValueError, match="kv cache dtype"):
-        choose_kv_dtype("int4", torch.float32)
+        choose_kv_dtype("int4", fallback)
 
 
 def test_kv_cache_dtype_of_its_own(tiny_model_dir: Path) -> None:
