@@ -104,6 +104,27 @@ def test_kv_cache_dtype_of_its_own(tiny_model_dir: Path) -> None:
     assert got[0][:4] == ref[0][:4]  # bf16 K/V: same greedy start on a tiny random model
 
 
+def test_a_prefix_cache_hit_scores_as_one_pass_with_a_cache_dtype_of_its_own(
+    tiny_model_dir: Path,
+) -> None:
+    """Fresh K/V are rounded to the cache's dtype before prefill attends to them: the prompt
+    served from bf16 blocks scores as the pass that wrote them (7.9e-4 apart without that)."""
+    llm = LLM(str(tiny_model_dir), dtype="float32", kv_cache_dtype="bfloat16", num_blocks=64)
+    prompt = (  # 18 tokens: one full block to hit
+        "one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+        "fifteen sixteen seventeen eighteen"
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=1, ignore_eos=True)
+    first = llm.generate(prompt, params, use_tqdm=False)[0]
+    second = llm.generate(prompt, params, use_tqdm=False)[0]
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens == 16
+    assert first.outputs[0].logprobs is not None and second.outputs[0].logprobs is not None
+    a = [lp.logprob for lp in first.outputs[0].logprobs]
+    b = [lp.logprob for lp in second.outputs[0].logprobs]
+    assert second.outputs[0].token_ids == first.outputs[0].token_ids
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 2e-5
+
+
 @pytest.mark.parametrize(
     ("dtype", "quantization"),
     [
