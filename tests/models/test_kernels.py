@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from surge.models import kernels
 from surge.models.attention import _decode_attention
-from surge.models.kernels import load_paged_decode
+from surge.models.kernels import _build_tag, load_paged_decode
 
 
 @pytest.mark.parametrize(
@@ -49,6 +50,14 @@ def test_kernel_matches_torch_ops(
     got = torch.ops.surge.paged_decode(q, k_cache, v_cache, tables, lens, 0.125)
     assert got.dtype == dtype
     assert (got.float() - ref.float()).abs().max().item() < tol
+
+
+def test_two_installs_build_in_folders_of_their_own(tmp_path: Path) -> None:
+    """ninja records sources by path: a checkout and a clone sharing one build folder rebuilt
+    each other's kernels at every switch."""
+    here = Path(kernels.__file__).parent
+    assert kernels.kernel_dir().name == _build_tag(here) == _build_tag(here)
+    assert _build_tag(tmp_path) != _build_tag(here)
 
 
 def test_kernels_build_with_the_pinned_ninja_without_an_activated_venv() -> None:

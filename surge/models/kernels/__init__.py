@@ -22,22 +22,25 @@ _cache: dict[str, ModuleType | None] = {}
 KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode", "w8a8_linear")
 
 
-def _cpu_tag() -> str:
-    """A short name for this CPU's instruction set: the kernels are built with -march=native,
-    so a build folder shared by machines of different CPUs (one home over NFS, a cache copied
-    to a new machine) must not hand one CPU's binary to another (illegal instruction)."""
+def _build_tag(sources: Path = _HERE) -> str:
+    """A short name for this CPU's instruction set and where the sources live. The kernels are
+    built with -march=native, so a build folder shared by machines of different CPUs (one home
+    over NFS, a cache copied to a new machine) must not hand one CPU's binary to another
+    (illegal instruction). And ninja records each source by its path: two installs sharing the
+    folder (a checkout and a clone of it, two venvs) rebuilt each other's kernels at every
+    switch, all five (~2 min on 2 cores)."""
     from surge.models.device import cpu_flags
 
-    key = " ".join([platform.machine(), *sorted(cpu_flags())])
+    key = " ".join([platform.machine(), *sorted(cpu_flags()), str(sources.resolve())])
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 def kernel_dir() -> Path:
     """Where the kernels are built: $SURGE_KERNEL_DIR, else ~/.cache/surge/kernels, in a
-    folder per CPU (_cpu_tag)."""
+    folder per CPU and install (_build_tag)."""
     base = os.environ.get("SURGE_KERNEL_DIR")
     root = Path(base) if base else Path.home() / ".cache" / "surge" / "kernels"
-    return root / _cpu_tag()
+    return root / _build_tag()
 
 
 def _use_pinned_ninja() -> None:
