@@ -75,8 +75,8 @@ def paged_attention(
         # Head-major layout: a request's gathered blocks are a contiguous [kv_heads, L, head_dim].
         flat_k = k_cache.view(num_kv_heads, num_blocks * block_size, head_dim)
         flat_v = v_cache.view(num_kv_heads, num_blocks * block_size, head_dim)
-        flat_k.index_copy_(1, attn.slot_mapping, k.transpose(0, 1).to(k_cache.dtype))
-        flat_v.index_copy_(1, attn.slot_mapping, v.transpose(0, 1).to(v_cache.dtype))
+        flat_k.index_copy_(1, attn.slot_mapping, k.transpose(0, 1))
+        flat_v.index_copy_(1, attn.slot_mapping, v.transpose(0, 1))
 
     num_tokens, num_heads, _ = q.shape
     group = num_heads // num_kv_heads
@@ -107,12 +107,16 @@ def _decode_attention(
     group: int,
 ) -> Tensor:  # [D, num_heads, head_dim]
     if attn.decode_op is not None:
-        if q.dtype != k_cache.dtype:  # a KV cache dtype of its own: the op takes the cache's
-            out = _decode_attention(q.to(k_cache.dtype), k_cache, v_cache, attn, scale, group)
-            return out.to(q.dtype)
-        return attn.decode_op(
-            q.contiguous(), k_cache, v_cache, attn.decode_block_tables, attn.decode_seq_lens, scale
+        # The op takes the query in the cache's dtype (a cache dtype of its own: cast and back).
+        out: Tensor = attn.decode_op(
+            q.to(k_cache.dtype).contiguous(),
+            k_cache,
+            v_cache,
+            attn.decode_block_tables,
+            attn.decode_seq_lens,
+            scale,
         )
+        return out.to(q.dtype)
     d, num_heads, head_dim = q.shape
     kvh = num_heads // group
     tables = attn.decode_block_tables.view(-1)  # [D * max_blocks]

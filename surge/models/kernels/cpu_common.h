@@ -32,7 +32,8 @@ inline const float* float_bias(const std::optional<torch::Tensor>& bias, torch::
 
 // For std::vector: storage on a 64-byte boundary (a cache line), so that rows whose length is
 // a multiple of 64 bytes start on one and the kernels' 32-byte loads never straddle two lines
-// (malloc's 16 bytes made every AVX2 activation load of the 4-bit GEMV a split load).
+// (malloc promises 16 bytes: in a standalone copy of the 4-bit GEMV the buffer sat 48 bytes
+// past a line and half its activation loads were split).
 template <typename T>
 struct CacheLineAllocator {
   using value_type = T;
