@@ -48,19 +48,21 @@ class Config:
     quantization: str
     compile: bool
     kv_cache_dtype: str = "auto"
+    cuda_graphs: bool = True
 
     @classmethod
     def parse(cls, text: str) -> Config:
         """float32 | bfloat16 | int8 | int8-weight-only | w8a8 | q4, then optionally +compile,
-        +kvbf16 or +kvf32 (a bfloat16 or float32 KV cache whatever `auto` would choose)."""
+        +kvbf16 or +kvf32 (a bfloat16 or float32 KV cache whatever `auto` would choose), +eager
+        (a GPU's decode steps without CUDA graphs)."""
         base, *flags = text.split("+")
-        unknown = set(flags) - {"compile", "kvbf16", "kvf32"}
+        unknown = set(flags) - {"compile", "kvbf16", "kvf32", "eager"}
         if unknown:
             raise SystemExit(f"unknown flags {unknown} in {text!r}")
         kv = "bfloat16" if "kvbf16" in flags else "float32" if "kvf32" in flags else "auto"
-        if base in ("float32", "bfloat16", "float16"):
-            return cls(text, base, "none", "compile" in flags, kv)
-        return cls(text, "auto", base, "compile" in flags, kv)
+        floats = ("float32", "bfloat16", "float16")
+        dtype, quant = (base, "none") if base in floats else ("auto", base)
+        return cls(text, dtype, quant, "compile" in flags, kv, "eager" not in flags)
 
     def llm(self, max_num_seqs: int) -> LLM:
         return LLM(
@@ -69,6 +71,7 @@ class Config:
             quantization=self.quantization,
             compile=self.compile,
             kv_cache_dtype=self.kv_cache_dtype,
+            cuda_graphs=self.cuda_graphs,
             max_num_seqs=max_num_seqs,
         )
 

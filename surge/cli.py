@@ -54,6 +54,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="q4: run decode steps layer by layer, not as one compiled call",
     )
+    g.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="GPU: run decode steps eagerly, not replayed from captured CUDA graphs",
+    )
     g.add_argument("--device", default="auto")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--block-size", type=int, default=16)
@@ -117,6 +122,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             quantization=args.quantization,
             compile=args.compile,
             fused_decode=not args.no_fused_decode,
+            cuda_graphs=not args.enforce_eager,
         ),
         cache=CacheConfig(
             block_size=args.block_size,

@@ -26,6 +26,9 @@ class ModelConfig:
     # q4 on CPU: decode steps run every layer in one compiled call
     # (surge/models/q4_decode.py) instead of layer by layer, compiled or not.
     fused_decode: bool = True
+    # CUDA: pure-decode steps replay captured CUDA graphs (surge/engine/cuda_graphs.py);
+    # False is vLLM's --enforce-eager.
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -53,6 +53,9 @@ class EngineCore:
             config.model.use_kernels,
             config.model.compile,
             config.model.fused_decode,
+            config.model.cuda_graphs,
+            config.scheduler.max_num_seqs,
+            self.max_model_len,
         )
         if config.model.compile and config.model.compile_warmup:
             log.info("compiled decode graphs ready in %.1f s", self.runner.warm_up())

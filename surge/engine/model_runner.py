@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from surge.engine.batch import SampledToken, SampledTokens, ScheduledRequest, SchedulerOutput
+from surge.engine.cuda_graphs import DecodeGraphs
 from surge.engine.sampler import Sampler, SamplingRow
 from surge.models.attention import AttnMetadata, PrefillChunk
 from surge.models.kernels import load_int8_linear, load_paged_decode
@@ -45,6 +46,9 @@ class ModelRunner:
         use_kernels: bool = True,
         compile: bool = False,
         fused_decode: bool = True,
+        cuda_graphs: bool = True,
+        max_num_seqs: int = 256,
+        max_model_len: int = 8192,
     ) -> None:
         self.model = model
         self.decode_op: Callable[..., Tensor] | None = None
@@ -74,6 +78,18 @@ class ModelRunner:
             limit = (len(COMPILE_BUCKETS) + 1) * 4
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
             self._compiled = torch.compile(model.forward, dynamic=False, fullgraph=True)
+        # A GPU's decode steps replay CUDA graphs (eager ones: --compile keeps its own graphs).
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and device.type == "cuda" and not compile:
+            self.graphs = DecodeGraphs(
+                model,
+                kv_caches,
+                block_size,
+                max_num_seqs,
+                -(-max_model_len // block_size),
+                self.scratch_slot,
+                device,
+            )
 
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput) -> SampledTokens:
@@ -83,6 +99,10 @@ class ModelRunner:
             assert self.fused is not None
             input_ids, positions, attn, sample_reqs = self.prepare(batch)
             logits = self.fused(input_ids, positions, attn)
+        elif (graph_rows := self._graph_rows(batch)) is not None:
+            assert self.graphs is not None
+            input_ids, positions, attn, sample_reqs = self.prepare(batch, graph_rows, bias=False)
+            logits = self.graphs(input_ids, positions, attn)[: len(sample_reqs)]
         else:
             bucket = self.bucket_for(batch)
             input_ids, positions, attn, sample_reqs = self.prepare(batch, pad_to=bucket)
@@ -128,6 +148,12 @@ class ModelRunner:
             and all(r.is_decode for r in batch.requests)
         )
 
+    def _graph_rows(self, batch: SchedulerOutput) -> int | None:
+        """The padded row count of a pure-decode step that replays a CUDA graph, else None."""
+        if self.graphs is None or not all(r.is_decode for r in batch.requests):
+            return None
+        return self.graphs.rows_for(len(batch.requests))
+
     def bucket_for(self, batch: SchedulerOutput) -> int | None:
         """The row count a pure-decode step runs compiled at (padded up to a bucket, or as it is
         in the dynamic graph's range); None: run eagerly."""
@@ -170,9 +196,10 @@ class ModelRunner:
             # they save a fork/join each (~150 a step), ~1 ms at one request. The C++ wrapper
             # calls the graph's ~150 kernels from C++, not Python: ~10% a step at one request
             # (interleaved A/B), neutral at 64 (so the dynamic graph, the slowest to build,
-            # does without: the wrapper adds ~45 s of C++ build to each graph).
+            # does without: the wrapper adds ~45 s of C++ build to each graph). Both are CPU
+            # options: a GPU's graphs keep inductor's defaults.
             options: dict[str, object] = {"freezing": True}
-            if key != DYNAMIC:
+            if key != DYNAMIC and self.device.type == "cpu":
                 options.update({"cpp.threads": 1, "cpp_wrapper": True})
             with torch._inductor.config.patch(options):
                 logits = self._compiled(ids, positions, attn)
@@ -186,11 +213,12 @@ class ModelRunner:
         return logits
 
     def prepare(
-        self, batch: SchedulerOutput, pad_to: int | None = None
+        self, batch: SchedulerOutput, pad_to: int | None = None, bias: bool = True
     ) -> tuple[Tensor, Tensor, AttnMetadata, list[ScheduledRequest]]:
         """Step tensors; `pad_to` (pure-decode steps only) appends dummy decodes up to that many
         rows, writing to the scratch slot and sampled as rows past the real ones, and makes
-        logits_indices that long."""
+        logits_indices that long. `bias=False`: no decode mask (the CUDA graphs make their own
+        from the lengths)."""
         bs = self.block_size
         # Decodes first, then prefill chunks: decodes attend in one batched call.
         decodes = [r for r in batch.requests if r.is_decode]
@@ -253,7 +281,7 @@ class ModelRunner:
             tables = [t + [0] * (max_blocks - len(t)) for t in tables_list]
             decode_tables = torch.tensor(tables, dtype=torch.long, device=dev)
             seq_lens = torch.tensor(seq_lens_list, dtype=torch.long, device=dev)
-            if self.decode_op is None:  # the compiled kernel reads seq_lens instead
+            if self.decode_op is None and bias:  # the compiled kernel reads seq_lens instead
                 span = torch.arange(max_blocks * bs, device=dev)
                 past_end = span.unsqueeze(0) >= seq_lens.unsqueeze(1)  # [D, L]
                 decode_bias = torch.zeros(past_end.shape, device=dev)
