@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# vLLM's capture sizes, to 512: fine steps where batches are small, coarse where padding is cheap.
+# Up to 512 rows: fine steps where a padded row is a large share of the batch, coarse above.
 ROW_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
 ROW_BUCKETS += (160, 192, 224, 256, 320, 384, 448, 512)
 
