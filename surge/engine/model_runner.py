@@ -97,7 +97,7 @@ class ModelRunner:
             return SampledTokens({})
         if self._fused_step(batch):
             assert self.fused is not None
-            input_ids, positions, attn, sample_reqs = self.prepare(batch)
+            input_ids, positions, attn, sample_reqs = self.prepare(batch, chunks_as_rows=True)
             logits = self.fused(input_ids, positions, attn)
         elif (graph_rows := self._graph_rows(batch)) is not None:
             assert self.graphs is not None
@@ -141,12 +141,17 @@ class ModelRunner:
         return self._run_compiled(bucket, ids, positions, attn)
 
     def _fused_step(self, batch: SchedulerOutput) -> bool:
-        n = len(batch.requests)
-        return (
-            self.fused is not None
-            and n <= self.fused.max_rows
-            and all(r.is_decode for r in batch.requests)
-        )
+        """Whether the fused 4-bit stack takes this step: decodes, and prefill chunks up to its
+        max_chunk tokens as rows of their own."""
+        if self.fused is None:
+            return False
+        rows = 0
+        for r in batch.requests:
+            n = len(r.token_ids)
+            if not r.is_decode and n > self.fused.max_chunk:
+                return False
+            rows += n
+        return rows <= self.fused.max_rows
 
     def _graph_rows(self, batch: SchedulerOutput) -> int | None:
         """The padded row count of a pure-decode step that replays a CUDA graph, else None."""
@@ -213,12 +218,19 @@ class ModelRunner:
         return logits
 
     def prepare(
-        self, batch: SchedulerOutput, pad_to: int | None = None, bias: bool = True
+        self,
+        batch: SchedulerOutput,
+        pad_to: int | None = None,
+        bias: bool = True,
+        chunks_as_rows: bool = False,
     ) -> tuple[Tensor, Tensor, AttnMetadata, list[ScheduledRequest]]:
         """Step tensors; `pad_to` (pure-decode steps only) appends dummy decodes up to that many
         rows, writing to the scratch slot and sampled as rows past the real ones, and makes
         logits_indices that long. `bias=False`: no decode mask (the CUDA graphs make their own
-        from the lengths)."""
+        from the lengths). `chunks_as_rows`: each token of a prefill chunk is described as a
+        decode of its own (its request's table, its position + 1 as the length), for a caller
+        that writes every row's K/V before any row attends (the fused stack): causal attention
+        over the cache, row by row."""
         bs = self.block_size
         # Decodes first, then prefill chunks: decodes attend in one batched call.
         decodes = [r for r in batch.requests if r.is_decode]
@@ -239,6 +251,8 @@ class ModelRunner:
                 sample_reqs.append(r)
 
         chunks: list[PrefillChunk] = []
+        tables_list = [list(r.block_table) for r in decodes]
+        seq_lens_list = [r.start_pos + 1 for r in decodes]
         for r in prefills:
             start = len(input_ids)
             n = len(r.token_ids)
@@ -248,21 +262,24 @@ class ModelRunner:
             table = r.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in pos_range)
             num_blocks = (r.start_pos + n + bs - 1) // bs
-            chunks.append(
-                PrefillChunk(
-                    query_start=start,
-                    query_len=n,
-                    start_pos=r.start_pos,
-                    block_table=torch.tensor(table[:num_blocks], device=self.device),
+            if chunks_as_rows:
+                rows_table = list(table[:num_blocks])
+                tables_list += [rows_table] * n
+                seq_lens_list.extend(p + 1 for p in pos_range)
+            else:
+                chunks.append(
+                    PrefillChunk(
+                        query_start=start,
+                        query_len=n,
+                        start_pos=r.start_pos,
+                        block_table=torch.tensor(table[:num_blocks], device=self.device),
+                    )
                 )
-            )
             if r.sampling is not None:
                 logits_indices.append(len(input_ids) - 1)
                 sample_reqs.append(r)
 
         dev = self.device
-        tables_list = [list(r.block_table) for r in decodes]
-        seq_lens_list = [r.start_pos + 1 for r in decodes]
         if pad_to is not None:
             assert not prefills and pad_to >= len(decodes)
             for _ in range(pad_to - len(decodes)):

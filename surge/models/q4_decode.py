@@ -5,9 +5,11 @@ dispatcher call, fork/join or tensor allocation per op); the embedding, the fina
 LM head stay the model's own. Up to Q4_MAX_ROWS requests its projections read the 4-bit
 weights; larger steps (up to `max_rows`) take the layers' int8 copies through the packed W8A8
 GEMM, when the model holds them packed (CPU kernels with AVX-512 VNNI). Without them (AVX2)
-every step up to Q4_ONLY_MAX_ROWS reads the 4-bit weights, 8 rows a pass. The
-layer-by-layer path (eager or compiled) serves everything else: prefill chunks, other
-quantizations and devices.
+every step up to Q4_ONLY_MAX_ROWS reads the 4-bit weights, 8 rows a pass. Prefill chunks
+join as rows of their own, one per token: the stack writes every row's K/V before any row
+attends, so a row that attends up to its own position is causal attention. The layer-by-layer
+path (eager or compiled) serves everything else: larger steps and chunks, other quantizations
+and devices.
 """
 
 from __future__ import annotations
@@ -34,16 +36,24 @@ log = logging.getLogger(__name__)
 Q4_MAX_ROWS = 3
 # Without int8 copies (no AVX-512 VNNI): the largest step the stack takes on the 4-bit weights.
 Q4_ONLY_MAX_ROWS = 1024
+# Prefill chunks join a step as rows of their own (ModelRunner.prepare, chunks_as_rows). On the
+# 4-bit weights alone (AVX2) the stack beat the layer-by-layer path at every chunk measured (16
+# to 511 tokens, contexts to 4096: BENCHMARKS.md, tenth pass), so any chunk that fits; with the
+# int8 copies (AVX-512 VNNI; not measured) chunks up to this many tokens, whose attention is
+# small and whose GEMMs are the same packed ones either way.
+MAX_CHUNK_WITH_INT8 = 64
 
 
 class FusedQ4Decode:
     """Calls the compiled stack on prepared decode-step tensors; build() it for a model."""
 
-    def __init__(self, model: LlamaForCausalLM, stack: Any) -> None:
+    def __init__(self, model: LlamaForCausalLM, stack: Any, int8_copies: bool) -> None:
         self.model = model
         self.stack = stack
         self.dtype = model.norm.weight.dtype
         self.max_rows: int = stack.max_rows  # the largest step it takes
+        # the longest prefill chunk it takes along with a step's other rows
+        self.max_chunk = min(MAX_CHUNK_WITH_INT8, self.max_rows) if int8_copies else self.max_rows
 
     @classmethod
     def build(
@@ -103,10 +113,11 @@ class FusedQ4Decode:
         except RuntimeError as e:  # a shape or dtype the stack does not take: layer by layer
             log.info("fused 4-bit decode not used: %s", e)
             return None
-        return cls(model, stack)
+        return cls(model, stack, bool(int8))
 
     def __call__(self, ids: Tensor, positions: Tensor, attn: AttnMetadata) -> Tensor:
-        """A pure-decode step of at most `max_rows` rows -> logits [num_sampled, vocab] float32."""
+        """A step of at most `max_rows` rows, each a decode (a prefill chunk's tokens described
+        as decodes) -> logits [num_sampled, vocab] float32."""
         x = self.model.embed_tokens(ids)  # [rows, hidden]
         with torch.profiler.record_function("fused decode stack"):
             h = self.stack.forward(

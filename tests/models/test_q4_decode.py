@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from surge import LLM, SamplingParams
-from surge.models.attention import AttnMetadata
+from surge.engine.outputs import EngineCoreRequest
+from surge.models.attention import AttnMetadata, PrefillChunk
 from surge.models.kernels import load_paged_decode, load_q4_decode, load_w8a8_linear
 from surge.models.llama import LlamaForCausalLM
 from surge.models.q4_decode import Q4_MAX_ROWS, FusedQ4Decode
@@ -177,6 +178,76 @@ def test_stack_matches_layer_by_layer(
             assert torch.equal(out_f[:, others], ref_f[:, others])  # nothing else touched
 
 
+@needs_stack
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prefill_chunk_as_rows_matches_the_layer_by_layer_prefill(dtype: torch.dtype) -> None:
+    """A mixed step: 2 decodes, then a 20-token chunk of a prompt whose first 10 tokens are
+    cached, each chunk token a row of its own (its request's table, its position + 1 as the
+    length). The stack writes every row's K/V before any row attends, so that is causal
+    attention; the reference is the model's own prefill path, in sub-chunks of at most
+    GEMV_MAX_ROWS tokens (the rows that take the 4-bit kernel there too)."""
+    spec = small_spec(True)
+    model = q4_model(spec, dtype)
+    shape = (spec.num_kv_heads, 128, BLOCK, spec.head_dim)
+    torch.manual_seed(2)
+    base = [(torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)) for _ in range(2)]
+    ref_caches = [(k.clone(), v.clone()) for k, v in base]
+    fused_caches = [(k.clone(), v.clone()) for k, v in base]
+    fused = FusedQ4Decode.build(model, fused_caches, 2 * FOUR_BIT)
+    assert fused is not None
+    dec_ids, dec_pos, dec = step(spec, [5, 40], ref_caches)
+    start, n = 10, 20
+    table = [100, 7, 64]  # blocks of the chunk's request, out of order
+    chunk_pos = torch.arange(start, start + n)
+    chunk_slots = torch.tensor([table[p // BLOCK] * BLOCK + p % BLOCK for p in chunk_pos.tolist()])
+    chunk_ids = torch.randint(0, spec.vocab_size, (n,), generator=torch.Generator().manual_seed(3))
+    ids, positions = torch.cat([dec_ids, chunk_ids]), torch.cat([dec_pos, chunk_pos])
+    width = dec.decode_block_tables.shape[1]
+    rows_tables = torch.tensor(table + [0] * (width - len(table))).expand(n, width)
+    fused_attn = AttnMetadata(
+        **_fields(dec)
+        | {
+            "slot_mapping": torch.cat([dec.slot_mapping, chunk_slots]),
+            "decode_block_tables": torch.cat([dec.decode_block_tables, rows_tables]),
+            "decode_seq_lens": torch.cat([dec.decode_seq_lens, chunk_pos + 1]),
+            "logits_indices": torch.arange(2 + n),
+            "kv_caches": fused_caches,
+        }
+    )
+    with torch.inference_mode():
+        model.compute_logits = lambda x: x  # type: ignore[method-assign]
+        got = fused(ids, positions, fused_attn)
+        want = [model(dec_ids, dec_pos, dec)]
+        for s0 in range(0, n, GEMV_MAX_ROWS):
+            s1 = min(n, s0 + GEMV_MAX_ROWS)
+            piece = PrefillChunk(0, s1 - s0, start + s0, torch.tensor(table))
+            attn = AttnMetadata(
+                **_fields(dec)
+                | {
+                    "slot_mapping": chunk_slots[s0:s1],
+                    "decode_block_tables": torch.zeros((0, 1), dtype=torch.long),
+                    "decode_seq_lens": torch.zeros(0, dtype=torch.long),
+                    "prefills": (piece,),
+                    "logits_indices": torch.arange(s1 - s0),
+                }
+            )
+            want.append(model(chunk_ids[s0:s1], chunk_pos[s0:s1], attn))
+        del model.compute_logits
+    expected = torch.cat(want)
+    assert got.shape == expected.shape == (2 + n, spec.hidden_size)
+    err = (got.float() - expected.float()).abs() / expected.float().abs().max()
+    tol, typical = (5e-3, 1e-6) if dtype == torch.float32 else (5e-2, 5e-3)
+    assert err.max() <= tol and err.median() <= typical
+    for (rk, rv), (fk, fv) in zip(ref_caches, fused_caches, strict=True):
+        for ref, out in ((rk, fk), (rv, fv)):
+            ref_f, out_f = ref.float().flatten(1, 2), out.float().flatten(1, 2)
+            written = fused_attn.slot_mapping
+            assert torch.allclose(out_f[:, written], ref_f[:, written], rtol=tol, atol=tol)
+            others = torch.ones(ref_f.shape[1], dtype=torch.bool)
+            others[written] = False
+            assert torch.equal(out_f[:, others], ref_f[:, others])
+
+
 def row(
     ids: torch.Tensor, positions: torch.Tensor, attn: AttnMetadata, i: int
 ) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata]:
@@ -230,13 +301,28 @@ def test_engine_answers_through_the_stack() -> None:
 
     runner.fused.stack = Counting()
     params = SamplingParams(temperature=0.0, max_tokens=6)
-    out = llm.generate(["The capital of France is"], params, use_tqdm=False)
+    prompt = "The capital of France is"
+    n = len(llm.tokenizer.encode(prompt))
+    out = llm.generate([prompt], params, use_tqdm=False)
     assert "Paris" in out[0].outputs[0].text
-    assert rows and set(rows) == {1}
+    assert rows[0] == n and set(rows[1:]) == {1}  # the prompt's tokens as rows, then decodes
     rows.clear()
     many = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-    texts = ["The capital of France is"] * (Q4_MAX_ROWS + 4)
+    texts = [prompt] * (Q4_MAX_ROWS + 4)
     outs = llm.generate(texts, many, use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 4 for o in outs)
-    assert max(rows) == Q4_MAX_ROWS + 4  # all of them in one step
+    assert rows[0] == n * len(texts) and Q4_MAX_ROWS + 4 in rows  # all of them in one step
     assert all("Paris" in o.outputs[0].text for o in outs)
+    # A prompt that arrives while another request decodes joins its step.
+    rows.clear()
+    eng = llm.engine
+    eng.add_request(EngineCoreRequest("a", llm.tokenizer.encode("Once upon a time"), many))
+    eng.step()
+    eng.step()
+    eng.add_request(EngineCoreRequest("b", llm.tokenizer.encode(prompt), params))
+    done: dict[str, list[int]] = {"a": [], "b": []}
+    while eng.has_work():
+        for o in eng.step():
+            done[o.req_id] += o.new_token_ids
+    assert rows[2] == 1 + n  # a's decode and b's prompt
+    assert "Paris" in llm.tokenizer.decode(done["b"])
