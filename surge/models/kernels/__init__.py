@@ -11,6 +11,7 @@ import logging
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -58,6 +59,7 @@ def _load(name: str, build_dir: Path | None) -> ModuleType | None:
     if name in _cache:
         return _cache[name]
     module: ModuleType | None = None
+    t0 = time.perf_counter()
     try:
         _use_pinned_ninja()
         from torch.utils.cpp_extension import load
@@ -78,6 +80,9 @@ def _load(name: str, build_dir: Path | None) -> ModuleType | None:
     _cache[name] = module
     if module is not None:
         _register_fakes()
+        took = time.perf_counter() - t0
+        if took > 2.0:  # a build, not a load: say so, or it reads as the model's load time
+            log.info("compiled kernel %s built in %.1f s (kept in %s)", name, took, build.parent)
     return module
 
 
