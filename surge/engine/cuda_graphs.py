@@ -75,9 +75,10 @@ class DecodeGraphs:
         self.capture_seconds = 0.0
         self.steps: Counter[tuple[int, int]] = Counter()  # steps run per (rows, width)
 
-    def rows_for(self, n: int) -> int | None:
-        """The padded row count a step of `n` decodes replays at; None: too many for a graph."""
-        if n > self.max_rows:
+    def rows_for(self, n: int, blocks: int = 1) -> int | None:
+        """The padded row count a step of `n` decodes with tables up to `blocks` long replays
+        at; None: too many rows (or blocks) for a graph."""
+        if n > self.max_rows or blocks > self.max_width:
             return None
         return self.buckets[bisect.bisect_left(self.buckets, n)]
 

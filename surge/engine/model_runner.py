@@ -157,7 +157,8 @@ class ModelRunner:
         """The padded row count of a pure-decode step that replays a CUDA graph, else None."""
         if self.graphs is None or not all(r.is_decode for r in batch.requests):
             return None
-        return self.graphs.rows_for(len(batch.requests))
+        blocks = max(len(r.block_table) for r in batch.requests)
+        return self.graphs.rows_for(len(batch.requests), blocks)
 
     def bucket_for(self, batch: SchedulerOutput) -> int | None:
         """The row count a pure-decode step runs compiled at (padded up to a bucket, or as it is

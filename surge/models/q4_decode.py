@@ -38,7 +38,8 @@ Q4_MAX_ROWS = 3
 Q4_ONLY_MAX_ROWS = 1024
 # Prefill chunks join a step as rows of their own (ModelRunner.prepare, chunks_as_rows). On the
 # 4-bit weights alone (AVX2) the stack beat the layer-by-layer path at every chunk measured (16
-# to 511 tokens, contexts to 4096: BENCHMARKS.md, tenth pass), so any chunk that fits; with the
+# to 511 tokens) and matched it on the last chunks of a 4096-token prompt (BENCHMARKS.md, tenth
+# pass), so any chunk that fits; with the
 # int8 copies (AVX-512 VNNI; not measured) chunks up to this many tokens, whose attention is
 # small and whose GEMMs are the same packed ones either way.
 MAX_CHUNK_WITH_INT8 = 64

@@ -61,3 +61,4 @@ def test_rows_past_the_largest_bucket_take_no_graph() -> None:
     )
     assert graphs.buckets[-1] == 112 and graphs.max_width == 512
     assert graphs.rows_for(3) == 4 and graphs.rows_for(100) == 112 and graphs.rows_for(113) is None
+    assert graphs.rows_for(3, 512) == 4 and graphs.rows_for(3, 513) is None
