@@ -4,6 +4,7 @@ in one process so that a drifting machine moves both alike.
 
     python benchmarks/bench_mixed_steps.py --decodes 63 --chunk 32 [--rounds 6] [--dtype auto]
     python benchmarks/bench_mixed_steps.py --long 2048 [--rounds 2]   # one prompt, 512-token chunks
+    python benchmarks/bench_mixed_steps.py --steady 64 --chunk 32 --output 128 [--seconds 20]
 
 Needs a CPU with the kernels (AVX2 or AVX-512 VNNI): --quantization q4's fused stack.
 """
@@ -76,6 +77,44 @@ def long_prompt(llm: LLM, length: int, rounds: int) -> None:
         print(f"{name}: ms per chunk step {_r(per_chunk)}, total {sum(per_chunk):.0f}")
 
 
+def steady(llm: LLM, streams: int, prompt: int, output: int, seconds: float, rounds: int) -> None:
+    """`streams` requests always in flight, each `prompt` tokens in and `output` out, a new one
+    added as each finishes (their ends staggered from the start): the steady state of a busy
+    server, where a step often carries a new prompt. Output tok/s per round."""
+    eng = llm.engine
+    new_max = _stack(eng).max_chunk
+    k = 0
+
+    def add(max_tokens: int) -> None:
+        nonlocal k
+        k += 1
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        eng.add_request(EngineCoreRequest(f"s{k}", _prompt(llm, k, prompt), params))
+
+    for i in range(streams):  # staggered: one finishes every output / streams steps
+        add(1 + (i * output) // streams)
+    res: dict[str, list[float]] = {"old": [], "new": []}
+    for rnd in range(rounds + 1):
+        for name in ("old", "new") if rnd % 2 == 0 else ("new", "old"):
+            _stack(eng).max_chunk = 0 if name == "old" else new_max
+            tokens = 0
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                for out in eng.step():
+                    tokens += len(out.new_token_ids)
+                    if out.finish_reason is not None:
+                        add(output)
+            if rnd > 0:  # the first round settles the staggering: not counted
+                res[name].append(tokens / (time.perf_counter() - t0))
+    _stack(eng).max_chunk = new_max
+    for name, v in res.items():
+        print(f"{name}: output tok/s {statistics.median(v):.1f}, rounds {_r(v)}")
+    faster = sum(a > b for a, b in zip(res["new"], res["old"], strict=True))
+    ratio = statistics.median(res["new"]) / statistics.median(res["old"])
+    print(f"{streams} streams, {prompt} in / {output} out: new/old {ratio:.3f}, new faster in "
+          f"{faster} of {rounds}")  # fmt: skip
+
+
 def _stack(eng: EngineCore):  # type: ignore[no-untyped-def]
     if eng.runner.fused is None:
         raise SystemExit("no fused 4-bit stack here (needs q4 and the CPU kernels)")
@@ -96,6 +135,9 @@ def main() -> None:
     ap.add_argument("--decodes", type=int, default=63)
     ap.add_argument("--chunk", type=int, default=32)
     ap.add_argument("--long", type=int, default=0, help="one prompt of this many tokens instead")
+    ap.add_argument("--steady", type=int, default=0, help="this many streams, steady state")
+    ap.add_argument("--output", type=int, default=128, help="--steady: tokens out per request")
+    ap.add_argument("--seconds", type=float, default=20.0, help="--steady: per round")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--dtype", default="auto")
     args = ap.parse_args()
@@ -104,11 +146,13 @@ def main() -> None:
         "smollm2-135m",
         dtype=args.dtype,
         quantization="q4",
-        max_num_seqs=args.decodes + 1,
+        max_num_seqs=max(args.decodes + 1, args.steady),
         max_num_batched_tokens=budget,
         enable_prefix_caching=not args.long,
     )
-    if args.long:
+    if args.steady:
+        steady(llm, args.steady, args.chunk, args.output, args.seconds, args.rounds)
+    elif args.long:
         long_prompt(llm, args.long, args.rounds)
     else:
         mixed_steps(llm, args.decodes, args.chunk, args.rounds)
