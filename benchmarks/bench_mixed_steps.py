@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Iterator
 
 from surge import LLM, SamplingParams
 from surge.engine.core import EngineCore
@@ -25,7 +26,6 @@ ONE = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 
 def mixed_steps(llm: LLM, decodes: int, chunk: int, rounds: int) -> None:
     eng = llm.engine
-    new_max = _stack(eng).max_chunk
     params = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
     for i in range(decodes):
         ids = llm.tokenizer.encode(f"{i}: {TEXT}")[:100]
@@ -36,42 +36,32 @@ def mixed_steps(llm: LLM, decodes: int, chunk: int, rounds: int) -> None:
         eng.step()
     res: dict[str, list[float]] = {"old": [], "new": []}
     k = 0
-    for rnd in range(rounds):
-        for name in ("old", "new") if rnd % 2 == 0 else ("new", "old"):
-            _stack(eng).max_chunk = 0 if name == "old" else new_max
-            times = []
-            for _ in range(4):
-                eng.step()  # a pure decode step between mixed ones
-                k += 1
-                eng.add_request(EngineCoreRequest(f"n{k}", _prompt(llm, k, chunk), ONE))
-                t0 = time.perf_counter()
-                eng.step()
-                times.append(time.perf_counter() - t0)
-            res[name].append(statistics.median(times) * 1e3)
-    _stack(eng).max_chunk = new_max
-    for name, v in res.items():
-        print(f"{name}: median mixed step {statistics.median(v):.1f} ms, rounds {_r(v)}")
-    faster = sum(a < b for a, b in zip(res["new"], res["old"], strict=True))
-    ratio = statistics.median(res["new"]) / statistics.median(res["old"])
-    print(f"{decodes} decodes + {chunk}-token chunk: new/old {ratio:.3f}, new faster in "
-          f"{faster} of {rounds}")  # fmt: skip
+    for _, name in _alternating(eng, rounds):
+        times = []
+        for _ in range(4):
+            eng.step()  # a pure decode step between mixed ones
+            k += 1
+            eng.add_request(EngineCoreRequest(f"n{k}", _prompt(llm, k, chunk), ONE))
+            t0 = time.perf_counter()
+            eng.step()
+            times.append(time.perf_counter() - t0)
+        res[name].append(statistics.median(times) * 1e3)
+    _summary(
+        res, "median mixed step", " ms", f"{decodes} decodes + {chunk}-token chunk", lower=True
+    )
 
 
 def long_prompt(llm: LLM, length: int, rounds: int) -> None:
     eng = llm.engine
-    new_max = _stack(eng).max_chunk
     res: dict[str, list[list[float]]] = {"old": [], "new": []}
-    for rnd in range(rounds):
-        for name in ("old", "new") if rnd % 2 == 0 else ("new", "old"):
-            _stack(eng).max_chunk = 0 if name == "old" else new_max
-            eng.add_request(EngineCoreRequest(f"{name}{rnd}", _prompt(llm, rnd, length), ONE))
-            times = []
-            while eng.has_work():
-                t0 = time.perf_counter()
-                eng.step()
-                times.append(time.perf_counter() - t0)
-            res[name].append(times)
-    _stack(eng).max_chunk = new_max
+    for rnd, name in _alternating(eng, rounds):
+        eng.add_request(EngineCoreRequest(f"{name}{rnd}", _prompt(llm, rnd, length), ONE))
+        times = []
+        while eng.has_work():
+            t0 = time.perf_counter()
+            eng.step()
+            times.append(time.perf_counter() - t0)
+        res[name].append(times)
     for name, runs in res.items():
         per_chunk = [statistics.median(c) * 1e3 for c in zip(*runs, strict=True)]
         print(f"{name}: ms per chunk step {_r(per_chunk)}, total {sum(per_chunk):.0f}")
@@ -82,7 +72,6 @@ def steady(llm: LLM, streams: int, prompt: int, output: int, seconds: float, rou
     added as each finishes (their ends staggered from the start): the steady state of a busy
     server, where a step often carries a new prompt. Output tok/s per round."""
     eng = llm.engine
-    new_max = _stack(eng).max_chunk
     k = 0
 
     def add(max_tokens: int) -> None:
@@ -94,31 +83,43 @@ def steady(llm: LLM, streams: int, prompt: int, output: int, seconds: float, rou
     for i in range(streams):  # staggered: one finishes every output / streams steps
         add(1 + (i * output) // streams)
     res: dict[str, list[float]] = {"old": [], "new": []}
-    for rnd in range(rounds + 1):
-        for name in ("old", "new") if rnd % 2 == 0 else ("new", "old"):
-            _stack(eng).max_chunk = 0 if name == "old" else new_max
-            tokens = 0
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                for out in eng.step():
-                    tokens += len(out.new_token_ids)
-                    if out.finish_reason is not None:
-                        add(output)
-            if rnd > 0:  # the first round settles the staggering: not counted
-                res[name].append(tokens / (time.perf_counter() - t0))
-    _stack(eng).max_chunk = new_max
-    for name, v in res.items():
-        print(f"{name}: output tok/s {statistics.median(v):.1f}, rounds {_r(v)}")
-    faster = sum(a > b for a, b in zip(res["new"], res["old"], strict=True))
-    ratio = statistics.median(res["new"]) / statistics.median(res["old"])
-    print(f"{streams} streams, {prompt} in / {output} out: new/old {ratio:.3f}, new faster in "
-          f"{faster} of {rounds}")  # fmt: skip
+    for rnd, name in _alternating(eng, rounds + 1):
+        tokens = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for out in eng.step():
+                tokens += len(out.new_token_ids)
+                if out.finish_reason is not None:
+                    add(output)
+        if rnd > 0:  # the first round settles the staggering: not counted
+            res[name].append(tokens / (time.perf_counter() - t0))
+    label = f"{streams} streams, {prompt} in / {output} out"
+    _summary(res, "output tok/s", "", label, lower=False)
 
 
-def _stack(eng: EngineCore):  # type: ignore[no-untyped-def]
-    if eng.runner.fused is None:
+def _alternating(eng: EngineCore, rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, "old" | "new") in alternating order, the stack's chunk limit set for each: 0
+    (chunks leave the step to the layer-by-layer path) or its own; restored after."""
+    stack = eng.runner.fused
+    if stack is None:
         raise SystemExit("no fused 4-bit stack here (needs q4 and the CPU kernels)")
-    return eng.runner.fused
+    own = stack.max_chunk
+    try:
+        for rnd in range(rounds):
+            for name in ("old", "new") if rnd % 2 == 0 else ("new", "old"):
+                stack.max_chunk = 0 if name == "old" else own
+                yield rnd, name
+    finally:
+        stack.max_chunk = own
+
+
+def _summary(res: dict[str, list[float]], what: str, unit: str, label: str, lower: bool) -> None:
+    for name, v in res.items():
+        print(f"{name}: {what} {statistics.median(v):.1f}{unit}, rounds {_r(v)}")
+    pairs = zip(res["new"], res["old"], strict=True)
+    faster = sum((a < b) if lower else (a > b) for a, b in pairs)
+    ratio = statistics.median(res["new"]) / statistics.median(res["old"])
+    print(f"{label}: new/old {ratio:.3f}, new faster in {faster} of {len(res['new'])}")
 
 
 def _prompt(llm: LLM, k: int, length: int) -> list[int]:
