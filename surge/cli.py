@@ -62,7 +62,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--kv-cache-memory-gib", type=float, default=2.0)
+    g.add_argument(
+        "--kv-cache-memory-gib",
+        type=float,
+        default=None,
+        help="memory for the KV cache (default: 2 on a CPU; on a GPU what "
+        "--gpu-memory-utilization leaves after the weights)",
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="GPU: the share of its memory this instance may hold (weights, KV cache, steps)",
+    )
     g.add_argument("--num-kv-blocks", type=int, default=None)
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--max-num-seqs", type=int, default=256)
@@ -127,6 +139,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cache=CacheConfig(
             block_size=args.block_size,
             kv_cache_memory_gib=args.kv_cache_memory_gib,
+            gpu_memory_utilization=args.gpu_memory_utilization,
             num_blocks=args.num_kv_blocks,
             enable_prefix_caching=not args.no_prefix_caching,
             kv_cache_dtype=args.kv_cache_dtype,
@@ -175,7 +188,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     config = engine_config(args)
     files = open_model(resolve_model(config.model.model))
-    print(capability_report(config.model, config.cache, files))
+    print(capability_report(config.model, config.cache, files, config.scheduler))
     return 0
 
 

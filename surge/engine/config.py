@@ -44,7 +44,10 @@ class ModelConfig:
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
     block_size: int = 16
-    kv_cache_memory_gib: float = 2.0  # memory budget for the KV block pool
+    # Memory budget for the KV block pool; None: 2 GiB on a CPU, on a GPU what
+    # gpu_memory_utilization leaves after the weights and a step's transients (kv_cache.py).
+    kv_cache_memory_gib: float | None = None
+    gpu_memory_utilization: float = 0.9  # the share of the GPU's memory this instance may hold
     num_blocks: int | None = None  # exact pool size (overrides the memory budget; used by tests)
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"  # auto (see device.choose_kv_dtype) | float32 | bfloat16 | float16
@@ -56,8 +59,12 @@ class CacheConfig:
             )
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.kv_cache_memory_gib <= 0:
+        if self.kv_cache_memory_gib is not None and self.kv_cache_memory_gib <= 0:
             raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
 

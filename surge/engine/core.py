@@ -35,7 +35,7 @@ class EngineCore:
         self.files = files
         self.tokenizer = files.tokenizer
         # Device, dtype, quantization and the KV cache are decided (and logged) in load_model.
-        loaded = load_model(config.model, config.cache, files)
+        loaded = load_model(config.model, config.cache, files, config.scheduler)
         self.precision: Precision = loaded.precision
         self.plan: KVCachePlan = loaded.plan
         self.model = loaded.model

@@ -25,6 +25,42 @@ class KVCachePlan:
         return self.num_blocks * self.bytes_per_block
 
 
+# The KV budget where none is named: a fixed one on a CPU (it shares RAM with everything else),
+# and on a GPU what --gpu-memory-utilization leaves after the weights and a step's transients.
+CPU_KV_CACHE_GIB = 2.0
+GPU_MEMORY_UTILIZATION = 0.9
+# Besides a step's tensors: the CUDA context's allocations outside torch, the captured decode
+# graphs' pool and the allocator's fragmentation.
+GPU_FIXED_RESERVE_BYTES = 512 << 20
+
+
+def step_transient_bytes(spec: ModelSpec, tokens: int, rows: int) -> int:
+    """A generous bound on one step's transient GPU memory: float32 hidden states, q/k/v and
+    MLP intermediates for `tokens` tokens, float32 logits of `rows` rows with the sampler's
+    copies, and GPU_FIXED_RESERVE_BYTES."""
+    qkv = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
+    per_token = 4 * (6 * spec.hidden_size + 3 * spec.intermediate_size + qkv)
+    logits = 4 * 4 * rows * spec.vocab_size
+    return tokens * per_token + logits + GPU_FIXED_RESERVE_BYTES
+
+
+def gpu_kv_budget_bytes(
+    total: int, free: int, weight_bytes: int, transient_bytes: int, utilization: float
+) -> int:
+    """vLLM's --gpu-memory-utilization: this instance may hold `utilization` of the GPU's
+    memory (weights, a step's transients and the KV cache), and no more than is free now
+    (another process's memory is not ours to take). What is left for the KV cache; <= 0 when
+    nothing is."""
+    allowed = min(int(utilization * total), free)
+    return allowed - weight_bytes - transient_bytes
+
+
+def kv_bytes_per_token(spec: ModelSpec, dtype: torch.dtype) -> int:
+    """K and V, every layer, one token."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * elem
+
+
 def plan_kv_cache(
     spec: ModelSpec,
     dtype: torch.dtype,
@@ -32,9 +68,7 @@ def plan_kv_cache(
     memory_gib: float,
     num_blocks: int | None = None,
 ) -> KVCachePlan:
-    elem = torch.empty((), dtype=dtype).element_size()
-    # K and V, every layer, every slot of the block.
-    per_block = 2 * spec.num_layers * block_size * spec.num_kv_heads * spec.head_dim * elem
+    per_block = block_size * kv_bytes_per_token(spec, dtype)
     if num_blocks is None:
         num_blocks = int(memory_gib * (1 << 30)) // per_block
     if num_blocks < 1:

@@ -11,14 +11,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from surge.engine.config import CacheConfig, ModelConfig
+from surge.engine.config import CacheConfig, ModelConfig, SchedulerConfig
 from surge.engine.kv_cache import (
     AVERAGE_CONTEXT_TOKENS,
+    CPU_KV_CACHE_GIB,
     MAX_RECOMMENDED_SEQS,
     KVCachePlan,
     allocate_kv_cache,
+    gpu_kv_budget_bytes,
+    kv_bytes_per_token,
     plan_kv_cache,
     recommend_max_num_seqs,
+    step_transient_bytes,
 )
 from surge.models import build_model
 from surge.models.device import (
@@ -44,6 +48,8 @@ class LoadPlan:
     precision: Precision
     kv_dtype: torch.dtype
     kv_reason: str
+    kv_budget_gib: float  # the KV cache's memory budget (unused where num_blocks is set)
+    kv_budget_reason: str
     kv_plan: KVCachePlan
     max_position: int  # the configured context (or the model's): rotary tables cover it
     max_model_len: int  # that context, capped so one request always fits the pool
@@ -60,15 +66,79 @@ class LoadedModel:
     max_model_len: int
 
 
-def plan_load(model_cfg: ModelConfig, cache_cfg: CacheConfig, spec: ModelSpec) -> LoadPlan:
+GIB = 1 << 30
+
+
+def kv_budget(
+    model_cfg: ModelConfig,
+    cache_cfg: CacheConfig,
+    sched_cfg: SchedulerConfig,
+    spec: ModelSpec,
+    precision: Precision,
+    kv_dtype: torch.dtype,
+    max_len: int,
+) -> tuple[float, str]:
+    """The KV cache's memory budget in GiB, and why: as named, a CPU's default, or on a GPU
+    what --gpu-memory-utilization leaves after the weights (estimated from the spec, as the
+    plan is made before they load) and a step's transients, up to what max_num_seqs requests
+    of max_len tokens can fill."""
+    if cache_cfg.kv_cache_memory_gib is not None:
+        return cache_cfg.kv_cache_memory_gib, "--kv-cache-memory-gib"
+    if precision.device.type != "cuda":
+        return CPU_KV_CACHE_GIB, f"the default on a {precision.device.type}"
+    free, total = torch.cuda.mem_get_info(precision.device)
+    # Blocks torch's allocator holds for this process but no tensor uses (an engine dropped
+    # earlier) are ours to reuse, though the driver counts them as taken.
+    free += torch.cuda.memory_reserved(precision.device) - torch.cuda.memory_allocated(
+        precision.device
+    )
+    util = cache_cfg.gpu_memory_utilization
+    weights = estimate_weight_bytes(spec, precision.dtype, model_cfg.quantization)
+    transient = step_transient_bytes(spec, sched_cfg.max_num_batched_tokens, sched_cfg.max_num_seqs)
+    budget = gpu_kv_budget_bytes(total, free, weights, transient, util)
+    what = (
+        f"{util:.0%} of {total / GIB:.1f} GiB (free {free / GIB:.1f}), less weights "
+        f"{weights / GIB:.2f} and a step's transients {transient / GIB:.2f}"
+    )
+    if budget <= 0:
+        raise ValueError(
+            f"no GPU memory left for the KV cache: {what}; raise --gpu-memory-utilization, "
+            "free the GPU, or name a budget with --kv-cache-memory-gib"
+        )
+    # No more than every running request at the full context can fill: past that a small
+    # model on a large GPU would take its memory (and millions of block entries) for nothing.
+    fill = sched_cfg.max_num_seqs * max_len * kv_bytes_per_token(spec, kv_dtype)
+    if fill < budget:
+        return fill / GIB, f"{sched_cfg.max_num_seqs} requests x {max_len} tokens ({what})"
+    return budget / GIB, what
+
+
+def plan_load(
+    model_cfg: ModelConfig,
+    cache_cfg: CacheConfig,
+    spec: ModelSpec,
+    sched_cfg: SchedulerConfig | None = None,
+) -> LoadPlan:
     precision = choose_precision(model_cfg.device, model_cfg.dtype)
     kv_dtype, kv_reason = choose_kv_dtype(cache_cfg.kv_cache_dtype, precision)
-    kv_plan = plan_kv_cache(
-        spec, kv_dtype, cache_cfg.block_size, cache_cfg.kv_cache_memory_gib, cache_cfg.num_blocks
-    )
     max_len = model_cfg.max_model_len or spec.max_position_embeddings
+    if cache_cfg.num_blocks is None:
+        sched = sched_cfg or SchedulerConfig()
+        budget, budget_reason = kv_budget(
+            model_cfg, cache_cfg, sched, spec, precision, kv_dtype, max_len
+        )
+    else:
+        budget, budget_reason = 0.0, "--num-kv-blocks"
+    kv_plan = plan_kv_cache(spec, kv_dtype, cache_cfg.block_size, budget, cache_cfg.num_blocks)
     return LoadPlan(
-        precision, kv_dtype, kv_reason, kv_plan, max_len, min(max_len, kv_plan.num_tokens)
+        precision,
+        kv_dtype,
+        kv_reason,
+        budget,
+        budget_reason,
+        kv_plan,
+        max_len,
+        min(max_len, kv_plan.num_tokens),
     )
 
 
@@ -96,10 +166,15 @@ def quantization_hint(model_cfg: ModelConfig, precision: Precision) -> str | Non
     )
 
 
-def load_model(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: ModelFiles) -> LoadedModel:
+def load_model(
+    model_cfg: ModelConfig,
+    cache_cfg: CacheConfig,
+    files: ModelFiles,
+    sched_cfg: SchedulerConfig | None = None,
+) -> LoadedModel:
     """Build and quantize the model, allocate the KV cache, and log what was chosen and why."""
     spec = files.spec
-    p = plan_load(model_cfg, cache_cfg, spec)
+    p = plan_load(model_cfg, cache_cfg, spec, sched_cfg)
     precision, kv_plan = p.precision, p.kv_plan
     t0 = time.perf_counter()
     model = build_model(
@@ -126,13 +201,14 @@ def load_model(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: ModelFiles
     if hint:
         log.info("hint: %s", hint)
     log.info(
-        "KV cache %s (%s): %d blocks x %d tokens = %d tokens (%.2f GiB); context %d",
+        "KV cache %s (%s): %d blocks x %d tokens = %d tokens (%.2f GiB: %s); context %d",
         DTYPE_NAMES.get(p.kv_dtype, str(p.kv_dtype)),
         p.kv_reason,
         kv_plan.num_blocks,
         kv_plan.block_size,
         kv_plan.num_tokens,
-        kv_plan.total_bytes / (1 << 30),
+        kv_plan.total_bytes / GIB,
+        p.kv_budget_reason,
         p.max_model_len,
     )
     return LoadedModel(
@@ -144,10 +220,15 @@ def load_model(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: ModelFiles
     )
 
 
-def capability_report(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: ModelFiles) -> str:
+def capability_report(
+    model_cfg: ModelConfig,
+    cache_cfg: CacheConfig,
+    files: ModelFiles,
+    sched_cfg: SchedulerConfig | None = None,
+) -> str:
     """What `load_model` would choose here, and what it buys, without reading the weights."""
     spec = files.spec
-    p = plan_load(model_cfg, cache_cfg, spec)
+    p = plan_load(model_cfg, cache_cfg, spec, sched_cfg)
     precision, plan, max_len = p.precision, p.kv_plan, p.max_model_len
     dtype = precision.dtype
     mib = 1 << 20
@@ -168,8 +249,9 @@ def capability_report(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: Mod
         f"int8 {weights(dtype, 'int8')}, q4 {weights(dtype, 'q4')})",
         f"KV cache      {DTYPE_NAMES[p.kv_dtype]} ({p.kv_reason}), "
         f"{per_token / 1024:.1f} KiB/token",
-        f"KV capacity   {plan.total_bytes / (1 << 30):.2f} GiB -> {plan.num_tokens:,} tokens "
+        f"KV capacity   {plan.total_bytes / GIB:.2f} GiB -> {plan.num_tokens:,} tokens "
         f"({plan.num_blocks:,} blocks of {plan.block_size}); context {max_len:,}",
+        f"KV budget     {p.kv_budget_reason}",
         f"max_num_seqs  recommended {recommend_max_num_seqs(plan.num_tokens, max_len)} "
         f"(KV tokens / {AVERAGE_CONTEXT_TOKENS}-token average context, at most "
         f"{MAX_RECOMMENDED_SEQS})",
@@ -181,9 +263,10 @@ def capability_report(model_cfg: ModelConfig, cache_cfg: CacheConfig, files: Mod
         "",
         f"{'KV memory':>10} {'tokens':>10} {'seqs@512':>9} {'seqs@2048':>10} {'max_num_seqs':>13}",
     ]
-    budgets = sorted({0.5, 1.0, 2.0, 4.0, 8.0, cache_cfg.kv_cache_memory_gib})
+    named = {round(p.kv_budget_gib, 1)} if p.kv_budget_gib >= 0.1 else set()
+    budgets = sorted({0.5, 1.0, 2.0, 4.0, 8.0, *named})
     for gib in budgets:
-        tokens = int(gib * (1 << 30)) // plan.bytes_per_block * plan.block_size
+        tokens = int(gib * GIB) // plan.bytes_per_block * plan.block_size
         rec = recommend_max_num_seqs(tokens, max_len)
         lines.append(
             f"{gib:>6.1f} GiB {tokens:>10,} {tokens // 512:>9,} {tokens // 2048:>10,} {rec:>13}"

@@ -97,3 +97,16 @@ def test_the_real_model_answers_in_the_gpus_dtype(smollm2_bf16: LLM) -> None:
     )
     [out] = llm.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0), use_tqdm=False)
     assert "Paris" in out.outputs[0].text
+
+
+def test_the_default_kv_cache_takes_the_gpus_memory(smollm2_gguf_path: Path) -> None:
+    """No budget named: --gpu-memory-utilization's share less the weights, up to what the
+    running requests can fill (64 x 8192 tokens x 22.5 KiB of bf16 K/V = 11.25 GiB), not the
+    CPU's 2 GiB."""
+    free, total = torch.cuda.mem_get_info()
+    llm = LLM(str(smollm2_gguf_path), max_num_seqs=64)
+    pool = sum(k.numel() * k.element_size() * 2 for k, _ in llm.engine.runner.kv_caches)
+    fill = 64 * 8192 * 23040
+    assert min(fill, 0.9 * total - (total - free) - (2 << 30)) < pool <= fill + (32 << 20)
+    [out] = llm.generate(["The capital of France is"], SamplingParams(max_tokens=8), use_tqdm=False)
+    assert out.outputs[0].token_ids
