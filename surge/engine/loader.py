@@ -143,10 +143,17 @@ def plan_load(
 
 
 def quantization_hint(model_cfg: ModelConfig, precision: Precision) -> str | None:
-    """A faster setting for this device when the weights run unquantized on a CPU with a
-    vectorized 4-bit kernel (and the kernels on): a CPU decode step reads every weight, so bytes
-    per weight set its speed (float32 on AVX2 decoded ~10x slower than q4 in BENCHMARKS.md's
-    seventh pass)."""
+    """A faster setting for this device: on a CPU with a vectorized 4-bit kernel (and the
+    kernels on) when the weights run unquantized, since a CPU decode step reads every weight, so
+    bytes per weight set its speed (float32 on AVX2 decoded ~10x slower than q4 in BENCHMARKS.md's
+    seventh pass); on a GPU when they are quantized, since Surge has no GPU kernel for 4-bit
+    weights and its int8 paths measured slower than bf16 there (tenth pass)."""
+    if precision.device.type == "cuda" and model_cfg.quantization != "none":
+        return (
+            f"--quantization {model_cfg.quantization} saves GPU memory but not time: there is no "
+            "4-bit GPU kernel (q4 runs its int8 copy), and int8 decoded slower than bf16 on an "
+            "H200 (1 request 217 against 272 tok/s, 64 requests 5,790 against 12,543)"
+        )
     if (
         model_cfg.quantization != "none"
         or not model_cfg.use_kernels

@@ -238,6 +238,9 @@ def test_hint_names_the_4_bit_kernel_this_cpu_has() -> None:
         assert hint is None
     cuda = Precision(torch.device("cuda"), torch.float16, "test")
     assert quantization_hint(ModelConfig(), cuda) is None
+    for quantized in ("q4", "int8"):  # no faster on a GPU: said so
+        hint = quantization_hint(ModelConfig(quantization=quantized), cuda)
+        assert hint is not None and f"--quantization {quantized} saves GPU memory" in hint
 
 
 # ---- accuracy on the real model -------------------------------------------------------------
