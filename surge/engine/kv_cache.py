@@ -28,7 +28,6 @@ class KVCachePlan:
 # The KV budget where none is named: a fixed one on a CPU (it shares RAM with everything else),
 # and on a GPU what --gpu-memory-utilization leaves after the weights and a step's transients.
 CPU_KV_CACHE_GIB = 2.0
-GPU_MEMORY_UTILIZATION = 0.9
 # Besides a step's tensors: the CUDA context's allocations outside torch, the captured decode
 # graphs' pool and the allocator's fragmentation.
 GPU_FIXED_RESERVE_BYTES = 512 << 20
