@@ -22,7 +22,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args()
-    llm = LLM("smollm2-135m", dtype=args.dtype)
+    llm = LLM("smollm2-135m", dtype=args.dtype, quantization="none")  # the float paths
     prompts = [f"Write sentence {i} about {TOPICS[i % len(TOPICS)]}:" for i in range(args.prompts)]
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]

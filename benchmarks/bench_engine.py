@@ -101,7 +101,13 @@ def main() -> None:
     peak = matmul_peak(torch.bfloat16)
     print(f"bf16 matmul peak (2048^3): {peak / 1e9:.0f} GFLOP/s; threads {torch.get_num_threads()}")
     path = resolve_model("smollm2-135m")
-    llm = LLM(str(path), dtype=args.dtype, max_num_seqs=max(sizes), use_kernels=not args.no_kernels)
+    llm = LLM(
+        str(path),
+        dtype=args.dtype,
+        quantization="none",  # the float path HF runs, not the file's 4-bit blocks
+        max_num_seqs=max(sizes),
+        use_kernels=not args.no_kernels,
+    )
     num_params = sum(p.numel() for p in llm.engine.model.parameters())
     flops_per_token = 2 * num_params
     llm.generate(make_prompts(llm, 2), SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up

@@ -43,10 +43,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--quantization",
-        default="none",
+        default="auto",
         choices=QUANTIZATIONS,
-        help="int8 weights (per-channel scales; int8 picks the kernel per batch shape); "
-        "q4: 4-bit blocks (GGUF Q4_1) for decode batches, int8 for larger ones",
+        help="auto: a Q4_1 GGUF's own 4-bit blocks (q4) on a CPU with their kernel (AVX2 or "
+        "AVX-512 VNNI), else none; int8 weights (per-channel scales; int8 picks the kernel per "
+        "batch shape); q4: 4-bit blocks (GGUF Q4_1) for decode batches, int8 for larger ones",
     )
     g.add_argument("--compile", action="store_true", help="torch.compile the decode step (opt-in)")
     g.add_argument(

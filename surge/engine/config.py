@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# surge.models.quant.QUANTIZATIONS, spelled out so that configs import without torch (a test
-# keeps the two equal).
-QUANTIZATIONS = ("none", "int8", "int8-weight-only", "w8a8", "q4")
+# "auto" (resolved at load: surge/engine/loader.py) and surge.models.quant.QUANTIZATIONS, spelled
+# out so that configs import without torch (a test keeps the two equal).
+QUANTIZATIONS = ("auto", "none", "int8", "int8-weight-only", "w8a8", "q4")
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,9 +17,10 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's own context length
     seed: int = 0  # seeds random requests that carry no seed of their own
     use_kernels: bool = True  # compiled CPU attention kernels (built on first use; torch fallback)
-    # none | int8 (kernel chosen per batch shape) | int8-weight-only | w8a8 | q4
-    # (surge/models/quant.py, surge/models/q4.py)
-    quantization: str = "none"
+    # auto (a GGUF's own 4-bit blocks where this CPU has their kernel, else none) | none |
+    # int8 (kernel chosen per batch shape) | int8-weight-only | w8a8 | q4
+    # (surge/engine/loader.py resolve_quantization, surge/models/quant.py, surge/models/q4.py)
+    quantization: str = "auto"
     compile: bool = False  # torch.compile the decode step, batch sizes padded to buckets
     # With compile: build every decode graph at start, so no live request waits for a compile.
     compile_warmup: bool = True

@@ -4,6 +4,7 @@ without reading the weights (`surge info`). Both start from one `plan_load`."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ log = logging.getLogger(__name__)
 class LoadPlan:
     """What the configs and the device decide, before any weight is read."""
 
+    model_cfg: ModelConfig  # as given, with `quantization` resolved where it was "auto"
+    quantization_reason: str
     precision: Precision
     kv_dtype: torch.dtype
     kv_reason: str
@@ -113,13 +116,50 @@ def kv_budget(
     return budget / GIB, what
 
 
+def q4_kernel_name() -> str | None:
+    """The vectorized 4-bit kernel this CPU's flags allow (q4_gemv.h), or None."""
+    flags = cpu_flags()
+    if "avx512_vnni" in flags:
+        return "AVX-512 VNNI"
+    if {"avx2", "fma", "f16c"} <= flags:
+        return "AVX2"
+    return None
+
+
+def resolve_quantization(
+    model_cfg: ModelConfig, precision: Precision, layer_format: str | None
+) -> tuple[str, str]:
+    """The quantization to run, and why. "auto" runs a Q4_1 GGUF's own 4-bit blocks (q4: the
+    file's weights as stored, activations rounded per block of 32 as llama.cpp does) on a CPU
+    whose 4-bit kernel builds, where they decode 2-10x faster than the same weights as floats
+    (BENCHMARKS.md, seventh and eleventh passes); anything else runs unquantized (no 4-bit GPU
+    kernel; a float file is not rounded to 4 bits unasked)."""
+    if model_cfg.quantization != "auto":
+        return model_cfg.quantization, "--quantization"
+    if layer_format != "Q4_1":
+        return "none", f"auto: the layers are stored {layer_format or 'as floats or mixed'}"
+    if precision.device.type != "cpu":
+        return "none", "auto: no 4-bit kernel on this device"
+    kernel = q4_kernel_name() if model_cfg.use_kernels else None
+    if kernel is None:
+        return "none", "auto: no vectorized 4-bit kernel here"
+    from surge.models.kernels import load_q4_linear
+
+    if load_q4_linear() is None:
+        return "none", "auto: the 4-bit kernel did not build here"
+    return "q4", f"auto: the file's own Q4_1 blocks on the {kernel} kernel"
+
+
 def plan_load(
     model_cfg: ModelConfig,
     cache_cfg: CacheConfig,
     spec: ModelSpec,
     sched_cfg: SchedulerConfig | None = None,
+    layer_format: str | None = None,
 ) -> LoadPlan:
     precision = choose_precision(model_cfg.device, model_cfg.dtype)
+    quantization, quantization_reason = resolve_quantization(model_cfg, precision, layer_format)
+    model_cfg = dataclasses.replace(model_cfg, quantization=quantization)
     kv_dtype, kv_reason = choose_kv_dtype(cache_cfg.kv_cache_dtype, precision)
     max_len = model_cfg.max_model_len or spec.max_position_embeddings
     if cache_cfg.num_blocks is None:
@@ -131,6 +171,8 @@ def plan_load(
         budget, budget_reason = 0.0, "--num-kv-blocks"
     kv_plan = plan_kv_cache(spec, kv_dtype, cache_cfg.block_size, budget, cache_cfg.num_blocks)
     return LoadPlan(
+        model_cfg,
+        quantization_reason,
         precision,
         kv_dtype,
         kv_reason,
@@ -148,7 +190,7 @@ def quantization_hint(model_cfg: ModelConfig, precision: Precision) -> str | Non
     bytes per weight set its speed (float32 on AVX2 decoded ~10x slower than q4 in BENCHMARKS.md's
     seventh pass); on a GPU when they are quantized, since Surge has no GPU kernel for 4-bit
     weights and its int8 paths measured slower than bf16 there (tenth pass)."""
-    if precision.device.type == "cuda" and model_cfg.quantization != "none":
+    if precision.device.type == "cuda" and model_cfg.quantization not in ("auto", "none"):
         return (
             f"--quantization {model_cfg.quantization} saves GPU memory but not time: there is no "
             "4-bit GPU kernel (q4 runs its int8 copy), and int8 decoded slower than bf16 on an "
@@ -160,12 +202,8 @@ def quantization_hint(model_cfg: ModelConfig, precision: Precision) -> str | Non
         or precision.device.type != "cpu"
     ):
         return None
-    flags = cpu_flags()
-    if "avx512_vnni" in flags:
-        kernel = "AVX-512 VNNI"
-    elif {"avx2", "fma", "f16c"} <= flags:
-        kernel = "AVX2"
-    else:
+    kernel = q4_kernel_name()
+    if kernel is None:
         return None
     return (
         f"decode is faster with --quantization q4 (4-bit weights, {kernel} kernel here; a Q4_1 "
@@ -181,8 +219,8 @@ def load_model(
 ) -> LoadedModel:
     """Build and quantize the model, allocate the KV cache, and log what was chosen and why."""
     spec = files.spec
-    p = plan_load(model_cfg, cache_cfg, spec, sched_cfg)
-    precision, kv_plan = p.precision, p.kv_plan
+    p = plan_load(model_cfg, cache_cfg, spec, sched_cfg, files.layer_format)
+    precision, kv_plan, model_cfg = p.precision, p.kv_plan, p.model_cfg
     t0 = time.perf_counter()
     model = build_model(
         spec,
@@ -196,11 +234,12 @@ def load_model(
     if precision.caps is not None:
         log.info("device %s", describe(precision.caps))
     log.info(
-        "model %s: %s (%s); quantization %s; weights %.1f MiB, loaded in %.1f s",
+        "model %s: %s (%s); quantization %s (%s); weights %.1f MiB, loaded in %.1f s",
         files.path.name,
         DTYPE_NAMES.get(precision.dtype, str(precision.dtype)),
         precision.reason,
         model_cfg.quantization,
+        p.quantization_reason,
         weight_bytes(model) / (1 << 20),
         time.perf_counter() - t0,
     )
@@ -235,8 +274,8 @@ def capability_report(
 ) -> str:
     """What `load_model` would choose here, and what it buys, without reading the weights."""
     spec = files.spec
-    p = plan_load(model_cfg, cache_cfg, spec, sched_cfg)
-    precision, plan, max_len = p.precision, p.kv_plan, p.max_model_len
+    p = plan_load(model_cfg, cache_cfg, spec, sched_cfg, files.layer_format)
+    precision, plan, max_len, model_cfg = p.precision, p.kv_plan, p.max_model_len, p.model_cfg
     dtype = precision.dtype
     mib = 1 << 20
 
@@ -248,7 +287,7 @@ def capability_report(
     lines = [
         f"device        {describe(caps) if caps else precision.device}",
         f"dtype         {DTYPE_NAMES[dtype]} ({precision.reason})",
-        f"quantization  {model_cfg.quantization}",
+        f"quantization  {model_cfg.quantization} ({p.quantization_reason})",
         f"model         {files.path.name}: {spec.architecture}, {spec.num_layers} layers, "
         f"hidden {spec.hidden_size}, vocab {spec.vocab_size}",
         f"weights       {weights(dtype, model_cfg.quantization)} "

@@ -86,7 +86,7 @@ def hf_generate(hf_model: torch.nn.Module, prompt: list[int]) -> list[int]:
 
 @pytest.fixture(scope="module")
 def llm(smollm2_gguf_path: Path) -> LLM:
-    return LLM(str(smollm2_gguf_path), dtype="float32")
+    return LLM(str(smollm2_gguf_path), dtype="float32", quantization="none")
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,9 @@ def test_greedy_identical_to_transformers(
     engine_kwargs: dict[str, object],
 ) -> None:
     engine = (
-        llm if not engine_kwargs else LLM(str(smollm2_gguf_path), dtype="float32", **engine_kwargs)
+        llm
+        if not engine_kwargs
+        else LLM(str(smollm2_gguf_path), dtype="float32", quantization="none", **engine_kwargs)
     )
     outs = engine.generate(prompts, GREEDY, use_tqdm=False)  # type: ignore[arg-type]
     got = [o.outputs[0].token_ids for o in outs]

@@ -15,7 +15,7 @@ import torch
 from surge import LLM, SamplingParams
 from surge.cli import main as cli_main
 from surge.engine.config import ModelConfig
-from surge.engine.loader import quantization_hint
+from surge.engine.loader import q4_kernel_name, quantization_hint, resolve_quantization
 from surge.models.device import (
     DeviceCaps,
     Precision,
@@ -25,7 +25,8 @@ from surge.models.device import (
     device_caps,
 )
 from surge.models.evaluate import perplexity, score, token_logprobs
-from surge.models.q4 import Q4Linear
+from surge.models.kernels import load_q4_linear
+from surge.models.q4 import Q4Linear, dequantize_q4
 from surge.models.quant import Int8Linear, estimate_weight_bytes, weight_bytes
 from surge.models.weights import ModelFiles, open_model
 
@@ -64,8 +65,10 @@ def test_config_and_model_agree_on_the_quantizations() -> None:
     from surge.engine import config
     from surge.models import quant
 
-    assert config.QUANTIZATIONS == quant.QUANTIZATIONS
-    with pytest.raises(ValueError, match=r"none\|int8\|int8-weight-only\|w8a8\|q4, got 'int4'"):
+    assert ("auto", *quant.QUANTIZATIONS) == config.QUANTIZATIONS  # auto: resolved at load
+    with pytest.raises(
+        ValueError, match=r"auto\|none\|int8\|int8-weight-only\|w8a8\|q4, got 'int4'"
+    ):
         config.ModelConfig(quantization="int4")
 
 
@@ -227,8 +230,10 @@ def test_hint_names_the_4_bit_kernel_this_cpu_has() -> None:
     cpu = Precision(torch.device("cpu"), torch.float32, "test")
     for quantized in ("q4", "int8"):
         assert quantization_hint(ModelConfig(quantization=quantized), cpu) is None
-    assert quantization_hint(ModelConfig(use_kernels=False), cpu) is None  # torch ops: no gain
-    hint = quantization_hint(ModelConfig(), cpu)
+    unquantized = ModelConfig(quantization="none")
+    # torch ops: no gain
+    assert quantization_hint(ModelConfig(quantization="none", use_kernels=False), cpu) is None
+    hint = quantization_hint(unquantized, cpu)
     flags = cpu_flags()
     if "avx512_vnni" in flags:
         assert hint is not None and "AVX-512 VNNI" in hint
@@ -237,10 +242,60 @@ def test_hint_names_the_4_bit_kernel_this_cpu_has() -> None:
     else:
         assert hint is None
     cuda = Precision(torch.device("cuda"), torch.float16, "test")
-    assert quantization_hint(ModelConfig(), cuda) is None
+    assert quantization_hint(unquantized, cuda) is None
     for quantized in ("q4", "int8"):  # no faster on a GPU: said so
         hint = quantization_hint(ModelConfig(quantization=quantized), cuda)
         assert hint is not None and f"--quantization {quantized} saves GPU memory" in hint
+
+
+def test_auto_quantization_runs_a_q4_1_ggufs_own_blocks_where_the_kernel_is(
+    smollm2_gguf_path: Path, tiny_model_dir: Path
+) -> None:
+    assert open_model(smollm2_gguf_path).layer_format == "Q4_1"
+    assert open_model(tiny_model_dir).layer_format is None  # safetensors
+    cpu = Precision(torch.device("cpu"), torch.float32, "test")
+    auto = ModelConfig()
+    assert auto.quantization == "auto"
+    kernel = q4_kernel_name()
+    mode, why = resolve_quantization(auto, cpu, "Q4_1")
+    if kernel is not None and load_q4_linear() is not None:
+        assert (mode, why) == ("q4", f"auto: the file's own Q4_1 blocks on the {kernel} kernel")
+    else:
+        assert mode == "none"
+    # Named, a float file, no kernels, or a GPU: as named / unquantized.
+    assert resolve_quantization(ModelConfig(quantization="int8"), cpu, "Q4_1")[0] == "int8"
+    assert resolve_quantization(ModelConfig(quantization="none"), cpu, "Q4_1")[0] == "none"
+    assert resolve_quantization(auto, cpu, None) == (
+        "none",
+        "auto: the layers are stored as floats or mixed",
+    )
+    assert resolve_quantization(auto, cpu, "F16")[0] == "none"
+    assert resolve_quantization(ModelConfig(use_kernels=False), cpu, "Q4_1")[0] == "none"
+    cuda = Precision(torch.device("cuda"), torch.bfloat16, "test")
+    assert resolve_quantization(auto, cuda, "Q4_1")[0] == "none"
+
+
+@pytest.mark.skipif(
+    q4_kernel_name() is None or load_q4_linear() is None, reason="no vectorized 4-bit kernel"
+)
+def test_the_default_engine_and_info_take_the_files_4_bit_blocks(
+    smollm2_gguf_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["info", "--model", str(smollm2_gguf_path), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert f"quantization  q4 (auto: the file's own Q4_1 blocks on the {q4_kernel_name()}" in out
+    llm = LLM(str(smollm2_gguf_path), device="cpu", num_blocks=64)
+    layer = llm.engine.model.layers[0]
+    assert isinstance(layer.mlp.down_proj, Q4Linear)
+    # The weights are the file's: its blocks come back exactly from the 4-bit copy.
+    _, ref = next((n, w) for n, w in open_model(smollm2_gguf_path).weights() if "down_proj" in n)
+    assert torch.equal(dequantize_q4(layer.mlp.down_proj.qs, layer.mlp.down_proj.dm), ref)
+    # (To the chat question "What is the capital of France?" the file run this way answers
+    # "L'Étoile, la Marseillaise, ...", as llama.cpp's llama-server does on the same file; its
+    # dequantized floats answer Paris. BENCHMARKS.md, eleventh pass.)
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    [o] = llm.generate(["The capital of France is"], params, use_tqdm=False)
+    assert "Paris" in o.outputs[0].text
 
 
 # ---- accuracy on the real model -------------------------------------------------------------

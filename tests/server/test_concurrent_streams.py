@@ -26,7 +26,7 @@ def prompts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def smollm2_server(smollm2_gguf_path: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess(smollm2_gguf_path, "--dtype", "float32")
+    server = ServerProcess(smollm2_gguf_path, "--dtype", "float32", "--quantization", "none")
     yield server
     server.stop()
 
@@ -35,7 +35,9 @@ def test_64_streams_match_offline_greedy(
     smollm2_server: ServerProcess, smollm2_gguf_path: Path
 ) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    offline = LLM(str(smollm2_gguf_path), dtype="float32").generate(prompts(), params, False)
+    offline = LLM(str(smollm2_gguf_path), dtype="float32", quantization="none").generate(
+        prompts(), params, False
+    )
     expected = [o.outputs[0].text for o in offline]
 
     async def one(client: openai.AsyncOpenAI, prompt: str) -> str:

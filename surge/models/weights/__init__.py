@@ -15,7 +15,7 @@ from gguf import GGUFReader
 
 from surge.models.spec import ModelSpec
 from surge.models.tokenizer import Tokenizer
-from surge.models.weights.gguf import gguf_weights
+from surge.models.weights.gguf import gguf_weights, layer_block_format
 from surge.models.weights.safetensors import safetensors_files, safetensors_weights
 
 __all__ = ["ModelFiles", "open_model"]
@@ -27,6 +27,8 @@ class ModelFiles:
     spec: ModelSpec
     tokenizer: Tokenizer
     _load: Callable[[], Iterator[tuple[str, torch.Tensor]]] = field(repr=False, compare=False)
+    # A GGUF's storage type of every layer matrix ("Q4_1", ...); None for safetensors or mixed.
+    layer_format: str | None = None
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF parameter name, float32 CPU tensor [out_features, in_features]) pairs, read
@@ -62,6 +64,7 @@ def _open_gguf(path: Path) -> ModelFiles:
         spec=spec,
         tokenizer=Tokenizer.from_gguf(reader),
         _load=lambda: gguf_weights(reader, spec),
+        layer_format=layer_block_format(reader),
     )
 
 

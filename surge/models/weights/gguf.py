@@ -63,6 +63,17 @@ def gguf_weights(reader: gguf.GGUFReader, spec: ModelSpec) -> Iterator[tuple[str
         yield name, weight
 
 
+def layer_block_format(reader: gguf.GGUFReader) -> str | None:
+    """The one GGUF type every decoder layer's matrix is stored in ("Q4_1", "F16", ...), or
+    None if they differ (norms, 1-D, are not counted)."""
+    kinds = {
+        t.tensor_type.name
+        for t in reader.tensors
+        if t.name.startswith("blk.") and len(t.shape) == 2
+    }
+    return kinds.pop() if len(kinds) == 1 else None
+
+
 def dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:
     """Float32 copy of a GGUF tensor, shaped [rows, cols] like PyTorch (GGUF lists dims
     innermost first)."""
