@@ -84,7 +84,7 @@ def kv_budget(
     """The KV cache's memory budget in GiB, and why: as named, a CPU's default, or on a GPU
     what --gpu-memory-utilization leaves after the weights (estimated from the spec, as the
     plan is made before they load) and a step's transients, up to what max_num_seqs requests
-    of max_len tokens can fill."""
+    of max_len tokens can fill. `model_cfg.quantization` is resolved (not "auto")."""
     if cache_cfg.kv_cache_memory_gib is not None:
         return cache_cfg.kv_cache_memory_gib, "--kv-cache-memory-gib"
     if precision.device.type != "cuda":

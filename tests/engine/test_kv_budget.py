@@ -61,7 +61,8 @@ def test_gpu_budget_reads_the_devices_memory(
     GPU; tests/engine/test_cuda.py checks a real one where there is one)."""
     spec = open_model(smollm2_gguf_path).spec
     gpu = Precision(torch.device("cuda"), torch.bfloat16, "test")
-    model_cfg, sched = ModelConfig(), SchedulerConfig(max_num_seqs=1024)
+    # As plan_load hands it over: quantization resolved ("auto" is none on a GPU).
+    model_cfg, sched = ModelConfig(quantization="none"), SchedulerConfig(max_num_seqs=1024)
     bf16, ctx = torch.bfloat16, 8192  # 1024 x 8192 tokens x 22.5 KiB: more than the GPU
     # Driver: 80 GiB GPU, 70 free; torch's allocator caches 6 GiB of which 2 are in use.
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * GIB, 80 * GIB))
