@@ -288,7 +288,8 @@ def test_the_default_engine_and_info_take_the_files_4_bit_blocks(
     layer = llm.engine.model.layers[0]
     assert isinstance(layer.mlp.down_proj, Q4Linear)
     # The weights are the file's: its blocks come back exactly from the 4-bit copy.
-    _, ref = next((n, w) for n, w in open_model(smollm2_gguf_path).weights() if "down_proj" in n)
+    name = "model.layers.0.mlp.down_proj.weight"
+    ref = next(w for n, w in open_model(smollm2_gguf_path).weights() if n == name)
     assert torch.equal(dequantize_q4(layer.mlp.down_proj.qs, layer.mlp.down_proj.dm), ref)
     # (To the chat question "What is the capital of France?" the file run this way answers
     # "L'Étoile, la Marseillaise, ...", as llama.cpp's llama-server does on the same file; its
