@@ -4,10 +4,9 @@ without reading the weights (`surge info`). Both start from one `plan_load`."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -159,7 +158,7 @@ def plan_load(
 ) -> LoadPlan:
     precision = choose_precision(model_cfg.device, model_cfg.dtype)
     quantization, quantization_reason = resolve_quantization(model_cfg, precision, layer_format)
-    model_cfg = dataclasses.replace(model_cfg, quantization=quantization)
+    model_cfg = replace(model_cfg, quantization=quantization)
     kv_dtype, kv_reason = choose_kv_dtype(cache_cfg.kv_cache_dtype, precision)
     max_len = model_cfg.max_model_len or spec.max_position_embeddings
     if cache_cfg.num_blocks is None:
@@ -189,8 +188,9 @@ def quantization_hint(model_cfg: ModelConfig, precision: Precision) -> str | Non
     kernels on) when the weights run unquantized, since a CPU decode step reads every weight, so
     bytes per weight set its speed (float32 on AVX2 decoded ~10x slower than q4 in BENCHMARKS.md's
     seventh pass); on a GPU when they are quantized, since Surge has no GPU kernel for 4-bit
-    weights and its int8 paths measured slower than bf16 there (tenth pass)."""
-    if precision.device.type == "cuda" and model_cfg.quantization not in ("auto", "none"):
+    weights and its int8 paths measured slower than bf16 there (tenth pass). `model_cfg` comes
+    from the plan, its quantization resolved."""
+    if precision.device.type == "cuda" and model_cfg.quantization != "none":
         return (
             f"--quantization {model_cfg.quantization} saves GPU memory but not time: there is no "
             "4-bit GPU kernel (q4 runs its int8 copy), and int8 decoded slower than bf16 on an "
