@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from surge.batching.config import BatcherConfig
 from surge.engine.config import (
     QUANTIZATIONS,
     SCHEDULING_POLICIES,
@@ -230,6 +231,33 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         help="lower the API process's CPU priority by this much once the engine has started "
         "(the engine keeps its own): lower one-stream latency on a box of few cores",
     )
+    e = p.add_argument_group("embeddings (/v1/embeddings, Triton-style dynamic batching)")
+    e.add_argument(
+        "--embedding-model",
+        default=None,
+        help="serve /v1/embeddings with this model: all-minilm-l6-v2 or a sentence-transformers "
+        "folder (default: none)",
+    )
+    e.add_argument("--embedding-model-name", default=None, help="defaults to --embedding-model")
+    e.add_argument("--embedding-max-batch-size", type=int, default=32)
+    e.add_argument(
+        "--embedding-preferred-batch-sizes",
+        default="",
+        help="comma-separated sizes sent at once when reached, e.g. 8,16 (default: none)",
+    )
+    e.add_argument(
+        "--embedding-max-queue-delay-ms",
+        type=float,
+        default=2.0,
+        help="longest an input waits for a fuller batch",
+    )
+    e.add_argument("--embedding-max-queue-size", type=int, default=1024, help="inputs waiting")
+    e.add_argument(
+        "--embedding-max-batch-tokens",
+        type=int,
+        default=None,
+        help="bound on a batch's padded tokens (default: none)",
+    )
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -254,7 +282,23 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         default_max_tokens=args.default_max_tokens,
         log_requests=args.log_requests,
         api_niceness=args.api_niceness,
+        embedding_model=args.embedding_model,
+        embedding_model_name=args.embedding_model_name,
+        embedding_batcher=BatcherConfig(
+            max_batch_size=args.embedding_max_batch_size,
+            preferred_batch_sizes=_int_list(args.embedding_preferred_batch_sizes),
+            max_queue_delay_s=args.embedding_max_queue_delay_ms / 1e3,
+            max_queue_size=args.embedding_max_queue_size,
+            max_batch_cost=args.embedding_max_batch_tokens,
+        ),
     )
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SystemExit(f"expected comma-separated integers, got {text!r}") from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -35,6 +35,14 @@ def smollm2_gguf_path() -> Path:
     return resolve_model("smollm2-135m")
 
 
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """Folder of the real all-MiniLM-L6-v2 (installed package, cache, or fetched)."""
+    from surge.models.resolve import DEFAULT_EMBEDDING_MODEL, resolve_model
+
+    return resolve_model(DEFAULT_EMBEDDING_MODEL)
+
+
 def write_tiny_llama(folder: Path, gguf_path: Path, seed: int = 0) -> Path:
     """A tiny random Llama as a Hugging Face folder, with SmolLM2's tokenizer and template."""
     from gguf import GGUFReader

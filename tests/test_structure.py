@@ -13,6 +13,14 @@ FORBIDDEN = {
     "surge.models": ("surge.engine", "surge.server", "surge.observability"),
     "surge.engine": ("surge.server",),
     "surge.observability": ("surge.server", "surge.gateway", "surge.bench"),
+    # The batcher is generic: it is handed a batch function, and knows no model or server.
+    "surge.batching": (
+        "surge.models",
+        "surge.engine",
+        "surge.server",
+        "surge.gateway",
+        "surge.bench",
+    ),
     # The gateway talks to servers over HTTP only; the bench is a client of any OpenAI server.
     "surge.gateway": ("surge.models", "surge.engine", "surge.server", "surge.bench"),
     "surge.bench": (

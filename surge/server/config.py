@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from surge.batching.config import BatcherConfig
+
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -31,6 +33,11 @@ class ServerConfig:
     # faster in one series and slower in the next, with later first tokens (BENCHMARKS.md,
     # "Fourth pass"): opt-in. 0 leaves the priority alone.
     api_niceness: int = 0
+    # /v1/embeddings: a sentence-transformers folder or alias (None: no embedding model), the
+    # name clients ask for (None: the --embedding-model value), and its dynamic batcher.
+    embedding_model: str | None = None
+    embedding_model_name: str | None = None
+    embedding_batcher: BatcherConfig = field(default_factory=BatcherConfig)
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

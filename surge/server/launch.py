@@ -19,10 +19,12 @@ from surge.engine.client import AsyncEngineClient
 from surge.engine.config import EngineConfig
 from surge.models.resolve import resolve_model
 from surge.models.weights import open_model
+from surge.observability.embedding_metrics import EmbeddingMetrics
 from surge.observability.metrics import ServerMetrics
 from surge.observability.resources import ResourceMonitor
 from surge.server.app import build_app
 from surge.server.config import ServerConfig
+from surge.server.embeddings import EmbeddingService
 from surge.server.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -48,12 +50,12 @@ async def _drain_on_signal(server: _DrainingServer, state: ServerState) -> None:
     await server.drain_requested.wait()
     state.admission.start_draining()
     timeout = state.config.drain_timeout_s
-    log.info("draining: %d requests in flight, up to %.0fs", state.admission.in_flight, timeout)
+    log.info("draining: %d requests in flight, up to %.0fs", state.in_flight, timeout)
     deadline = time.monotonic() + timeout
-    while state.admission.in_flight > 0 and time.monotonic() < deadline:
+    while state.in_flight > 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    if state.admission.in_flight:
-        log.warning("drain timeout: %d requests still in flight", state.admission.in_flight)
+    if state.in_flight:
+        log.warning("drain timeout: %d requests still in flight", state.in_flight)
     server.should_exit = True
 
 
@@ -64,6 +66,27 @@ async def _exit_on_engine_death(server: _DrainingServer, state: ServerState) -> 
     state.admission.set_ready(False)
     await asyncio.sleep(0.5)  # let in-flight responses carry their errors out
     server.should_exit = True
+
+
+def _load_embeddings(config: ServerConfig, metrics: ServerMetrics) -> EmbeddingService | None:
+    """The embedding model and its batcher, started on the running loop; None when not asked."""
+    if config.embedding_model is None:
+        return None
+    # Imported here: a server without embeddings never loads torch into the API process.
+    from surge.models.embedding import EmbeddingModel
+
+    path = resolve_model(config.embedding_model)
+    model = EmbeddingModel.load(path)
+    name = config.embedding_model_name or config.embedding_model
+    batcher = config.embedding_batcher
+    service = EmbeddingService(model, name, batcher, EmbeddingMetrics(name, metrics.registry))
+    service.start()
+    log.info(
+        "embeddings: %s as %r (%s); batches of up to %d, preferred %s, max queue delay %.1f ms",
+        path.name, name, model.describe(), batcher.max_batch_size,
+        list(batcher.preferred_batch_sizes) or "none", batcher.max_queue_delay_s * 1e3,
+    )  # fmt: skip
+    return service
 
 
 async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int:
@@ -82,7 +105,8 @@ async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int
     metrics = ServerMetrics(server_config.served_model_name, max_model_len=client.max_model_len)
     ResourceMonitor().register(metrics.registry)
     metrics.set_health(True)
-    state = ServerState.create(server_config, client, metrics)
+    embeddings = _load_embeddings(server_config, metrics)
+    state = ServerState.create(server_config, client, metrics, embeddings)
     app = build_app(state)
     uv_config = uvicorn.Config(
         app,
@@ -106,5 +130,7 @@ async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int
         for t in tasks:
             t.cancel()
         engine_dead = client.dead_reason is not None
+        if embeddings is not None:
+            await embeddings.close()
         await client.shutdown()
     return 1 if engine_dead else 0

@@ -203,7 +203,7 @@ async def run_to_completion(job: Job, request: Request) -> bool:
             await events.aclose()  # type: ignore[attr-defined]
 
     task = asyncio.create_task(consume())
-    watcher = asyncio.create_task(_wait_disconnect(request))
+    watcher = asyncio.create_task(wait_disconnect(request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if not task.done():
@@ -223,7 +223,7 @@ async def run_to_completion(job: Job, request: Request) -> bool:
         job.finish()
 
 
-async def _wait_disconnect(request: Request) -> None:
+async def wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":

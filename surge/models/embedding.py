@@ -1,0 +1,128 @@
+"""A sentence-embedding model from a sentence-transformers folder: tokenizer, encoder, pooling.
+
+The folder is what `SentenceTransformer.save()` writes (and what the packaged all-MiniLM-L6-v2
+ships): config.json + model.safetensors + tokenizer.json, with `1_Pooling/config.json`, a
+`Normalize` module in modules.json and `max_seq_length` in sentence_bert_config.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+
+from surge.models.bert import BertEncoder, BertSpec
+from surge.models.device import DTYPE_NAMES
+
+
+@dataclass(frozen=True, slots=True)
+class PoolingSpec:
+    mode: str  # "mean" | "cls" | "max"
+    normalize: bool  # L2-normalize the pooled vector (cosine similarity = dot product)
+    max_seq_length: int  # longest input in tokens, [CLS] and [SEP] included
+
+
+def read_pooling(folder: Path, max_positions: int) -> PoolingSpec:
+    mode = "mean"
+    pooling_file = folder / "1_Pooling" / "config.json"
+    if pooling_file.is_file():
+        cfg = json.loads(pooling_file.read_text())
+        keys = (("cls", "pooling_mode_cls_token"), ("mean", "pooling_mode_mean_tokens"),
+                ("max", "pooling_mode_max_tokens"))  # fmt: skip
+        modes = [m for m, key in keys if cfg.get(key)]
+        if len(modes) != 1:
+            raise ValueError(f"{pooling_file}: exactly one of cls/mean/max pooling is supported")
+        mode = modes[0]
+    normalize = False
+    modules_file = folder / "modules.json"
+    if modules_file.is_file():
+        types = [m.get("type", "") for m in json.loads(modules_file.read_text())]
+        normalize = any(t.endswith(".Normalize") for t in types)
+    max_len = max_positions
+    st_file = folder / "sentence_bert_config.json"
+    if st_file.is_file():
+        max_len = min(max_len, int(json.loads(st_file.read_text()).get("max_seq_length", max_len)))
+    return PoolingSpec(mode, normalize, max_len)
+
+
+class EmbeddingModel:
+    """texts -> token ids -> one vector per input, in float32 on the CPU."""
+
+    def __init__(
+        self,
+        encoder: BertEncoder,
+        tokenizer: Tokenizer,
+        pooling: PoolingSpec,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.device = device
+        self.dtype = dtype
+        self.dim = encoder.spec.hidden_size
+        self.vocab_size = encoder.spec.vocab_size
+        self.max_len = pooling.max_seq_length
+        pad = tokenizer.token_to_id("[PAD]")
+        self.pad_id = 0 if pad is None else pad
+
+    @classmethod
+    def load(
+        cls, folder: Path, device: torch.device | None = None, dtype: torch.dtype | None = None
+    ) -> EmbeddingModel:
+        """`dtype` None: float32 (the encoder is small; its cost is the per-batch overhead, and
+        float32 keeps vectors equal to the reference implementation's)."""
+        folder = Path(folder)
+        device = device or torch.device("cpu")
+        dtype = dtype or torch.float32
+        spec = BertSpec.from_hf_config(json.loads((folder / "config.json").read_text()))
+        encoder = BertEncoder(spec)
+        encoder.load_hf_state(load_file(str(folder / "model.safetensors")))
+        encoder = encoder.to(device=device, dtype=dtype).eval()
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tokenizer.no_truncation()  # lengths are checked, not silently cut (see tokenize)
+        tokenizer.no_padding()
+        return cls(encoder, tokenizer, read_pooling(folder, spec.max_positions), device, dtype)
+
+    def describe(self) -> str:
+        s = self.encoder.spec
+        return (
+            f"BERT {s.num_layers} layers x {s.hidden_size}, {self.pooling.mode} pooling"
+            f"{', normalized' if self.pooling.normalize else ''}, dim {self.dim}, "
+            f"max {self.max_len} tokens, {DTYPE_NAMES[self.dtype]} on {self.device.type}"
+        )
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids with [CLS] and [SEP], untruncated (the caller checks `max_len`)."""
+        ids: list[int] = self.tokenizer.encode(text).ids
+        return ids
+
+    @torch.inference_mode()
+    def embed(self, batch: list[list[int]]) -> list[list[float]]:
+        """One vector per token-id list; the lists are padded to the longest in the batch."""
+        longest = max(len(ids) for ids in batch)
+        ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for i, row in enumerate(batch):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[i, : len(row)] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        hidden = self.encoder(ids, mask).float()
+        vectors = self._pool(hidden, mask)
+        if self.pooling.normalize:
+            vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
+        out: list[list[float]] = vectors.cpu().tolist()
+        return out
+
+    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.pooling.mode == "cls":
+            return hidden[:, 0]
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        if self.pooling.mode == "max":
+            return hidden.masked_fill(m == 0, float("-inf")).amax(dim=1)
+        return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)

@@ -1,0 +1,87 @@
+"""POST /v1/embeddings: one vector per input; inputs of concurrent requests share batches."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from surge.server.errors import (
+    BadRequestError,
+    NotFoundError,
+    RateLimitError,
+    RequestTimeoutError,
+    ServiceUnavailableError,
+)
+from surge.server.protocol_embeddings import MAX_INPUTS, EmbeddingRequest, embedding_response
+from surge.server.serving import wait_disconnect
+from surge.server.state import client_key, get_state
+
+router = APIRouter()
+
+
+@router.post("/v1/embeddings")
+async def create_embedding(body: EmbeddingRequest, request: Request) -> Response:
+    state = get_state(request)
+    service = state.embeddings
+    if service is None:
+        raise NotFoundError(
+            "this server serves no embedding model; start it with "
+            "--embedding-model all-minilm-l6-v2 (or a sentence-transformers folder)",
+            code="model_not_found",
+        )
+    if body.model is not None and body.model != service.name:
+        raise NotFoundError.model_not_found(body.model)
+    if body.dimensions is not None and body.dimensions != service.model.dim:
+        raise BadRequestError(
+            f"dimensions: this model's vectors have {service.model.dim} dimensions and it was "
+            "not trained to be shortened",
+            param="dimensions",
+        )
+    inputs = body.inputs()
+    if len(inputs) > MAX_INPUTS:
+        raise BadRequestError(
+            f"input has {len(inputs)} items; at most {MAX_INPUTS} per request", param="input"
+        )
+    if state.admission.draining or not state.admission.ready:
+        raise ServiceUnavailableError(
+            "server is shutting down" if state.admission.draining else "server is not ready",
+            retry_after_s=state.admission.retry_after_s,
+            code="draining" if state.admission.draining else "not_ready",
+        )
+    token_ids = service.prepare(inputs, body.truncate_prompt_tokens)
+    num_tokens = sum(len(ids) for ids in token_ids)
+    wait = state.limiter.check(client_key(request), num_tokens, time.monotonic())
+    if wait > 0:
+        state.metrics.observe_rejection("rate_limit_exceeded")
+        raise RateLimitError(
+            f"rate limit exceeded for this API key; retry in {wait:.1f}s",
+            retry_after_s=wait,
+            code="rate_limit_exceeded",
+        )
+    work = asyncio.create_task(service.embed(token_ids))
+    watcher = asyncio.create_task(wait_disconnect(request))
+    try:
+        async with asyncio.timeout(state.config.request_timeout_s):
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except TimeoutError:
+        state.metrics.observe_abort("timeout")
+        raise RequestTimeoutError(
+            f"request timed out after {state.config.request_timeout_s:.0f}s"
+        ) from None
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()  # its inputs still waiting leave the batcher's queue
+    if not work.done() or work.cancelled():
+        state.metrics.observe_abort("client_disconnect")
+        return Response(status_code=499)
+    exc = work.exception()
+    if isinstance(exc, RateLimitError):
+        state.metrics.observe_rejection(str(exc.code))
+    if exc is not None:
+        raise exc
+    vectors = work.result()
+    return JSONResponse(embedding_response(vectors, service.name, body.encoding_format, num_tokens))

@@ -1,0 +1,162 @@
+"""/v1/embeddings on a real server (tiny Llama + the real all-MiniLM-L6-v2), through the official
+`openai` client: vectors equal to the model's run offline, concurrent requests sharing batches,
+bad input and overload in the OpenAI error shape."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from surge.models.embedding import EmbeddingModel
+from tests.servers import ServerProcess
+
+NAME = "test-embed"
+QUEUE = 64
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, minilm_path: Path) -> Iterator[ServerProcess]:
+    srv = ServerProcess(
+        tiny_model_dir, "--dtype", "float32",
+        "--embedding-model", str(minilm_path), "--embedding-model-name", NAME,
+        "--embedding-max-queue-size", str(QUEUE), "--embedding-max-queue-delay-ms", "5",
+    )  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def offline(minilm_path: Path) -> EmbeddingModel:
+    return EmbeddingModel.load(minilm_path)
+
+
+def _client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_vectors_equal_the_model_offline_in_base64_and_float(
+    server: ServerProcess, offline: EmbeddingModel
+) -> None:
+    texts = ["A man is eating food.", "The girl is carrying a baby.", "Hello"]
+    expected = np.array(offline.embed([offline.tokenize(t) for t in texts]))
+    client = _client(server)
+    default = client.embeddings.create(model=NAME, input=texts)  # the client asks for base64
+    floats = client.embeddings.create(model=NAME, input=texts, encoding_format="float")
+    for resp in (default, floats):
+        assert resp.model == NAME and [d.index for d in resp.data] == [0, 1, 2]
+        got = np.array([d.embedding for d in resp.data])
+        np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
+    assert floats.usage.prompt_tokens == sum(len(offline.tokenize(t)) for t in texts)
+    single = client.embeddings.create(model=NAME, input=texts[0])
+    np.testing.assert_allclose(single.data[0].embedding, expected[0], atol=1e-6, rtol=0)
+
+
+def test_token_id_inputs_are_taken_as_given(server: ServerProcess, offline: EmbeddingModel) -> None:
+    ids = offline.tokenize("token ids in, vector out")
+    resp = _client(server).embeddings.create(model=NAME, input=[ids, ids[1:-1]])
+    expected = np.array(offline.embed([ids, ids[1:-1]]))
+    np.testing.assert_allclose([d.embedding for d in resp.data], expected, atol=1e-6, rtol=0)
+    assert resp.usage.prompt_tokens == 2 * len(ids) - 2
+
+
+def test_models_lists_both_models(server: ServerProcess) -> None:
+    ids = [m.id for m in _client(server).models.list().data]
+    assert ids == ["test-model", NAME]
+
+
+def test_truncation_is_opt_in_and_keeps_the_first_tokens(
+    server: ServerProcess, offline: EmbeddingModel
+) -> None:
+    text = "many words " * 200
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.embeddings.create(model=NAME, input=text)
+    assert info.value.code == "context_length_exceeded" and "256" in info.value.message
+    resp = client.embeddings.create(
+        model=NAME, input=text, extra_body={"truncate_prompt_tokens": 16}
+    )
+    ids = offline.tokenize(text)
+    kept = ids[:15] + ids[-1:]  # [CLS] + 14 tokens + [SEP]
+    assert resp.usage.prompt_tokens == 16
+    np.testing.assert_allclose(resp.data[0].embedding, offline.embed([kept])[0], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"input": ""}, 400, "input"),
+        ({"input": []}, 400, "input"),
+        ({"input": ["fine", ""]}, 400, "input.1"),
+        ({"input": [[101, 10**6]]}, 400, "input"),
+        ({"input": 5}, 400, "input"),
+        ({"input": "hi", "dimensions": 64}, 400, "dimensions"),
+        ({"input": "hi", "encoding_format": "int8"}, 400, "encoding_format"),
+        ({"input": "hi", "model": "no-such-model"}, 404, "model"),
+        ({"input": ["x"] * 2049}, 400, "input"),
+    ],
+)
+def test_bad_input_gets_an_openai_error(
+    server: ServerProcess, body: dict[str, Any], status: int, param: str
+) -> None:
+    r = httpx.post(server.url + "/v1/embeddings", json={"model": NAME, **body}, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"]
+
+
+def test_a_request_larger_than_the_queue_gets_429_and_the_server_goes_on(
+    server: ServerProcess,
+) -> None:
+    r = httpx.post(
+        server.url + "/v1/embeddings",
+        json={"model": NAME, "input": ["word"] * (QUEUE + 1)},
+        timeout=30,
+    )
+    assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"
+    assert float(r.headers["retry-after"]) >= 1
+    ok = _client(server).embeddings.create(model=NAME, input=["word"] * QUEUE)
+    assert len(ok.data) == QUEUE
+
+
+def test_concurrent_requests_share_batches_and_each_gets_its_own_vector(
+    server: ServerProcess, offline: EmbeddingModel
+) -> None:
+    texts = [f"sentence number {i} is about {w}" for i, w in enumerate(["cats", "tax"] * 24)]
+    batches_before = server.metric("surge:embedding_batch_size_count", model_name=NAME)
+
+    async def send_all() -> list[list[float]]:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        async with client:
+            resps = await asyncio.gather(
+                *(client.embeddings.create(model=NAME, input=t) for t in texts)
+            )
+        return [r.data[0].embedding for r in resps]
+
+    got = np.array(asyncio.run(send_all()))
+    expected = np.array([offline.embed([offline.tokenize(t)])[0] for t in texts])
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    batches = server.metric("surge:embedding_batch_size_count", model_name=NAME) - batches_before
+    assert 1 <= batches < len(texts)  # at least two requests shared a batch
+    assert server.metric("surge:embedding_queue_depth", model_name=NAME) == 0
+
+
+def test_generation_still_works_beside_embeddings(server: ServerProcess) -> None:
+    out = _client(server).completions.create(
+        model="test-model", prompt="Hi", max_tokens=4, extra_body={"ignore_eos": True}
+    )
+    assert out.usage is not None and out.usage.completion_tokens == 4
+
+
+def test_a_server_without_an_embedding_model_says_how_to_get_one(
+    tiny_server: ServerProcess,
+) -> None:
+    r = httpx.post(tiny_server.url + "/v1/embeddings", json={"input": "hi"}, timeout=30)
+    assert r.status_code == 404
+    assert "--embedding-model" in r.json()["error"]["message"]
