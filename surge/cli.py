@@ -248,8 +248,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--embedding-max-queue-delay-ms",
         type=float,
-        default=2.0,
-        help="longest an input waits for a fuller batch",
+        default=0.0,
+        help="longest an input waits for a fuller batch (default 0: inputs that arrive while "
+        "a batch runs make the next batch; a delay only adds latency to a busy model)",
     )
     e.add_argument("--embedding-max-queue-size", type=int, default=1024, help="inputs waiting")
     e.add_argument(

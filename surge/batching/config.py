@@ -14,7 +14,7 @@ class BatcherConfig:
 
     max_batch_size: int = 32
     preferred_batch_sizes: tuple[int, ...] = ()  # empty: only max_batch_size sends at once
-    max_queue_delay_s: float = 0.002
+    max_queue_delay_s: float = 0.0  # Triton's default: a lone input on an idle model goes at once
     max_queue_size: int = 1024  # items waiting; more are refused (QueueFullError -> 503)
     # Bound on a batch's summed item cost (for embeddings: padded tokens, so that one long
     # input does not make 31 short ones pay for its padding). None: no bound.

@@ -1,7 +1,8 @@
 """A BERT encoder (the network of sentence-transformers' MiniLM, BGE and E5 models), one pass.
 
-Post-LayerNorm blocks, learned absolute positions, exact-erf GELU, padding masked out of
-attention. The weights are Hugging Face's `BertModel` names, read from a safetensors file.
+Post-LayerNorm blocks, learned absolute positions, exact-erf GELU. A batch runs packed (no
+padding in the dense layers, which do nearly all the work); attention masks the padding. The
+weights are Hugging Face's `BertModel` names, read from a safetensors file.
 """
 
 from __future__ import annotations
@@ -45,6 +46,47 @@ class BertSpec:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class PackedBatch:
+    """Inputs of unequal length packed end to end, with no padding: the dense layers (almost
+    all of the work) see only real tokens; attention alone pads, each sequence to the longest."""
+
+    input_ids: torch.Tensor  # [tokens]
+    positions: torch.Tensor  # [tokens], from 0 in each sequence
+    seq_ids: torch.Tensor  # [tokens]: which sequence each token belongs to
+    pad_index: torch.Tensor  # [tokens]: its row in the padded [batch * longest] layout
+    mask: torch.Tensor  # [batch, 1, 1, longest] bool: True where a real token is
+    lengths: torch.Tensor  # [batch]
+    longest: int
+
+    @classmethod
+    def build(cls, batch: list[list[int]], device: torch.device) -> PackedBatch:
+        lengths = torch.tensor([len(ids) for ids in batch], dtype=torch.long)
+        longest = int(lengths.max())
+        seq_ids = torch.repeat_interleave(torch.arange(len(batch)), lengths)
+        starts = torch.cumsum(lengths, 0) - lengths
+        positions = torch.arange(int(lengths.sum())) - starts[seq_ids]
+        mask = torch.arange(longest)[None, :] < lengths[:, None]
+        flat = torch.tensor([t for ids in batch for t in ids], dtype=torch.long)
+
+        def to(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        return cls(
+            input_ids=to(flat),
+            positions=to(positions),
+            seq_ids=to(seq_ids),
+            pad_index=to(seq_ids * longest + positions),
+            mask=to(mask[:, None, None, :]),
+            lengths=to(lengths),
+            longest=longest,
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+
 class BertLayer(nn.Module):
     def __init__(self, spec: BertSpec) -> None:
         super().__init__()
@@ -57,11 +99,15 @@ class BertLayer(nn.Module):
         self.down = nn.Linear(spec.intermediate_size, h)
         self.out_norm = nn.LayerNorm(h, eps=eps)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        b, n, h = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        x = self.attn_norm(x + self.attn_out(a.transpose(1, 2).reshape(b, n, h)))
+    def forward(self, x: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
+        """x: [tokens, hidden], packed."""
+        b, n, h = packed.batch_size, packed.longest, x.shape[-1]
+        qkv = self.qkv(x)
+        padded = qkv.new_zeros(b * n, 3 * h).index_copy_(0, packed.pad_index, qkv)
+        q, k, v = padded.view(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=packed.mask)
+        a = a.transpose(1, 2).reshape(b * n, h).index_select(0, packed.pad_index)
+        x = self.attn_norm(x + self.attn_out(a))
         return self.out_norm(x + self.down(F.gelu(self.up(x))))
 
 
@@ -76,17 +122,13 @@ class BertEncoder(nn.Module):
         self.embed_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(spec) for _ in range(spec.num_layers))
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """input_ids, attention_mask: [batch, seq] (mask 1 for tokens, 0 for padding) ->
-        hidden states [batch, seq, hidden]. Segment ids are all 0 (one text per input)."""
-        n = input_ids.shape[1]
-        positions = torch.arange(n, device=input_ids.device)
-        x = self.word(input_ids) + self.position(positions) + self.token_type.weight[0]
-        x = self.embed_norm(x)
-        # [batch, 1, 1, seq]: every query may attend to every real token, none to padding.
-        mask = attention_mask.bool()[:, None, None, :]
+    def forward(self, packed: PackedBatch) -> torch.Tensor:
+        """Hidden states [tokens, hidden] of a packed batch. Segment ids are all 0 (one text
+        per input)."""
+        x = self.word(packed.input_ids) + self.position(packed.positions)
+        x = self.embed_norm(x + self.token_type.weight[0])
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, packed)
         return x
 
     def load_hf_state(self, tensors: dict[str, torch.Tensor]) -> None:

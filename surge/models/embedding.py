@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from surge.models.bert import BertEncoder, BertSpec
+from surge.models.bert import BertEncoder, BertSpec, PackedBatch
 from surge.models.device import DTYPE_NAMES
 
 
@@ -68,8 +68,6 @@ class EmbeddingModel:
         self.dim = encoder.spec.hidden_size
         self.vocab_size = encoder.spec.vocab_size
         self.max_len = pooling.max_seq_length
-        pad = tokenizer.token_to_id("[PAD]")
-        self.pad_id = 0 if pad is None else pad
 
     @classmethod
     def load(
@@ -104,25 +102,24 @@ class EmbeddingModel:
 
     @torch.inference_mode()
     def embed(self, batch: list[list[int]]) -> list[list[float]]:
-        """One vector per token-id list; the lists are padded to the longest in the batch."""
-        longest = max(len(ids) for ids in batch)
-        ids = torch.full((len(batch), longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), longest), dtype=torch.long)
-        for i, row in enumerate(batch):
-            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-            mask[i, : len(row)] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        hidden = self.encoder(ids, mask).float()
-        vectors = self._pool(hidden, mask)
+        """One vector per token-id list. The batch runs packed: a short input beside a long one
+        costs its own tokens, not the long one's (measured: BENCHMARKS.md, embeddings)."""
+        packed = PackedBatch.build(batch, self.device)
+        hidden = self.encoder(packed).float()
+        vectors = self._pool(hidden, packed)
         if self.pooling.normalize:
             vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
         out: list[list[float]] = vectors.cpu().tolist()
         return out
 
-    def _pool(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _pool(self, hidden: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
+        b, h = packed.batch_size, hidden.shape[-1]
         if self.pooling.mode == "cls":
-            return hidden[:, 0]
-        m = mask.unsqueeze(-1).to(hidden.dtype)
+            starts = torch.cumsum(packed.lengths, 0) - packed.lengths
+            return hidden.index_select(0, starts)
         if self.pooling.mode == "max":
-            return hidden.masked_fill(m == 0, float("-inf")).amax(dim=1)
-        return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+            init = hidden.new_full((b, h), float("-inf"))
+            index = packed.seq_ids[:, None].expand(-1, h)
+            return init.scatter_reduce(0, index, hidden, reduce="amax")
+        sums = hidden.new_zeros(b, h).index_add_(0, packed.seq_ids, hidden)
+        return sums / packed.lengths[:, None].to(hidden.dtype)
