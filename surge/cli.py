@@ -309,7 +309,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run(serve(server_config(args), engine_config(args)))
 
 
-# Subcommands with their own parsers and packages: `surge bench ...`, `surge gateway ...`.
+# Subcommands with their own parsers and packages: `surge bench|gateway|autoscale ...`.
 def _delegated(argv: Sequence[str]) -> int | None:
     if argv and argv[0] == "bench":
         from surge.bench.cli import main as bench_main
@@ -319,6 +319,10 @@ def _delegated(argv: Sequence[str]) -> int | None:
         from surge.gateway.cli import main as gateway_main
 
         return gateway_main(list(argv[1:]))
+    if argv and argv[0] == "autoscale":
+        from surge.autoscale.cli import main as autoscale_main
+
+        return autoscale_main(list(argv[1:]))
     return None
 
 

@@ -13,6 +13,16 @@ FORBIDDEN = {
     "surge.models": ("surge.engine", "surge.server", "surge.observability"),
     "surge.engine": ("surge.server",),
     "surge.observability": ("surge.server", "surge.gateway", "surge.bench"),
+    # The autoscaler talks to replicas and the gateway over HTTP and files, and starts them
+    # as processes: it imports none of them.
+    "surge.autoscale": (
+        "surge.models",
+        "surge.engine",
+        "surge.server",
+        "surge.gateway",
+        "surge.bench",
+        "surge.batching",
+    ),
     # The batcher is generic: it is handed a batch function, and knows no model or server.
     "surge.batching": (
         "surge.models",

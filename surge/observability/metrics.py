@@ -181,6 +181,13 @@ class ServerMetrics:
         )
 
         # Admission and aborts.
+        self.received = Counter(
+            "surge:requests_received",
+            "Generation requests that reached admission, admitted or refused: the demand an "
+            "autoscaler forecasts (vLLM production-stack's router counts the same).",
+            m,
+            registry=reg,
+        )
         self.rejections = Counter(
             "vllm:admission_rejections",
             "Requests refused at admission, by reason.",
@@ -369,6 +376,9 @@ class ServerMetrics:
                 self._priorities.add(priority)
                 return str(priority)
         return OTHER_TENANT
+
+    def observe_received(self) -> None:
+        self.received.labels(self.model_name).inc()
 
     def observe_rejection(self, reason: str) -> None:
         self.rejections.labels(self.model_name, reason).inc()

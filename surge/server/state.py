@@ -75,6 +75,7 @@ class ServerState:
         self, key: str, num_prompt_tokens: int, reserve_tokens: int, tenant: str = ""
     ) -> Admission:
         """Rate limits per key, then the queue bounds; raises 429/503 with Retry-After."""
+        self.metrics.observe_received()
         try:
             wait = self.limiter.check(key, num_prompt_tokens + reserve_tokens, time.monotonic())
             if wait > 0:

@@ -1,0 +1,1 @@
+"""The autoscaler: replicas started and drained from queue depth, KV usage and forecast demand."""

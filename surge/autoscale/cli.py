@@ -1,0 +1,168 @@
+"""`surge autoscale [flags] -- [surge serve flags]`: a gateway on one port in front of replicas
+the autoscaler starts and drains as local processes.
+
+    surge autoscale --port 8080 --min-replicas 1 --max-replicas 3 -- --model smollm2-135m
+
+Ctrl-C / SIGTERM: the gateway stops, then every replica drains (finishes what it holds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from surge.autoscale.config import AutoscalerConfig
+from surge.autoscale.controller import Autoscaler
+from surge.autoscale.providers.base import ReplicaStartError
+from surge.autoscale.providers.local import LocalProcessProvider, LocalProviderConfig
+from surge.observability.autoscaler_metrics import AutoscalerMetrics
+
+log = logging.getLogger("surge.autoscale")
+
+# flag -> (AutoscalerConfig field, type, help)
+_FLAGS: dict[str, tuple[str, type, str]] = {
+    "--min-replicas": ("min_replicas", int, "never fewer ready or starting"),
+    "--max-replicas": ("max_replicas", int, "never more"),
+    "--initial-replicas": ("initial_replicas", int, "started before serving (default: min)"),
+    "--target-ongoing": ("target_ongoing_per_replica", float, "running+waiting per replica"),
+    "--target-waiting": ("target_waiting_per_replica", float, "waiting requests per replica"),
+    "--target-kv-usage": ("target_kv_usage", float, "mean KV cache usage, 0..1"),
+    "--tolerance": ("tolerance", float, "no change within this fraction of a target"),
+    "--interval": ("interval_s", float, "seconds between decisions"),
+    "--scale-up-window": ("scale_up_window_s", float, "seconds a higher need must last"),
+    "--scale-down-window": ("scale_down_window_s", float, "seconds a lower need must last"),
+    "--max-scale-up-step": ("max_scale_up_step", int, "replicas added per decision"),
+    "--max-scale-down-step": ("max_scale_down_step", int, "replicas drained per decision"),
+    "--forecast-horizon": ("forecast_horizon_s", float, "seconds ahead; 0 = no forecast"),
+    "--drain-timeout": ("drain_timeout_s", float, "seconds a draining replica gets"),
+    "--reload-grace": ("reload_grace_s", float, "seconds between leaving rotation and SIGTERM"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="surge autoscale",
+        description="A gateway in front of replicas started and drained by load. "
+        "Arguments after -- go to every replica's `surge serve`.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="the gateway's and replicas' address")
+    p.add_argument("--port", type=int, default=8080, help="the gateway's port; 0: no gateway")
+    p.add_argument("--base-port", type=int, default=8100, help="replicas take ports from here")
+    p.add_argument("--upstreams-file", default=None, help="where the ready replicas are listed")
+    p.add_argument("--metrics-port", type=int, default=None, help="the autoscaler's /metrics")
+    p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds per replica")
+    p.add_argument("--log-dir", default=None, help="replica logs (default: the temp folder)")
+    p.add_argument("--gateway-arg", action="append", default=[], help="passed to `surge gateway`")
+    p.add_argument("--log-level", default=os.environ.get("SURGE_LOG_LEVEL", "INFO"))
+    defaults = AutoscalerConfig()
+    for flag, (name, kind, text) in _FLAGS.items():
+        p.add_argument(flag, type=kind, default=getattr(defaults, name), help=text)
+    return p
+
+
+def autoscaler_config(args: argparse.Namespace) -> AutoscalerConfig:
+    return AutoscalerConfig(
+        **{name: getattr(args, flag[2:].replace("-", "_")) for flag, (name, _, _) in _FLAGS.items()}
+    )
+
+
+async def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the gateway exited with {proc.returncode}")
+            try:
+                if (await client.get(url + "/health")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"the gateway at {url} did not become healthy in {timeout_s:.0f}s")
+
+
+def _start_gateway(
+    args: argparse.Namespace, upstreams: Path, log_dir: Path
+) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable, "-m", "surge.cli", "gateway", "--host", args.host,
+        "--port", str(args.port), "--upstreams-file", str(upstreams),
+        "--reload-interval", "0.5", *args.gateway_arg,
+    ]  # fmt: skip
+    out = (log_dir / f"surge-autoscale-gateway-{args.port}.log").open("wb")
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
+    config = autoscaler_config(args)
+    log_dir = Path(args.log_dir or tempfile.gettempdir())
+    upstreams = Path(args.upstreams_file or log_dir / f"surge-autoscale-{os.getpid()}.json")
+    provider = LocalProcessProvider(
+        LocalProviderConfig(
+            tuple(serve_args), args.host, args.base_port, args.startup_timeout, log_dir
+        )
+    )
+    metrics = AutoscalerMetrics()
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
+    scaler = Autoscaler(config, provider, upstreams, metrics)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    gateway: subprocess.Popen[bytes] | None = None
+    try:
+        log.info("starting %d replica(s): surge serve %s", config.start_replicas,
+                 " ".join(serve_args))  # fmt: skip
+        await scaler.start_initial()
+        if args.port:
+            gateway = _start_gateway(args, upstreams, log_dir)
+            url = f"http://{args.host}:{args.port}"
+            await _wait_healthy(url, gateway, 60.0)
+            log.info("gateway on %s (pid %d), upstreams in %s", url, gateway.pid, upstreams)
+        await scaler.run(stop)
+        return 0
+    except (ReplicaStartError, RuntimeError) as e:
+        log.error("%s", e)
+        return 1
+    finally:
+        if gateway is not None and gateway.poll() is None:
+            gateway.send_signal(signal.SIGTERM)  # uvicorn lets in-flight requests finish
+            try:
+                await asyncio.to_thread(gateway.wait, 30)
+            except subprocess.TimeoutExpired:
+                gateway.kill()
+        log.info("draining %d replica(s)", len(provider.replicas()))
+        await scaler.close()
+
+
+def main(argv: Sequence[str]) -> int:
+    argv = list(argv)
+    serve_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, serve_args = argv[:cut], argv[cut + 1 :]
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per scrape otherwise
+    try:
+        autoscaler_config(args)
+    except ValueError as e:
+        raise SystemExit(f"surge autoscale: {e}") from None
+    from surge.event_loop import run as run_loop
+
+    return run_loop(run(args, serve_args))

@@ -1,0 +1,184 @@
+"""The control loop: scrape the ready replicas, decide, stabilize, then start or drain replicas
+through the provider, and publish the ready set to the gateway's upstreams file.
+
+Starting and draining run as tasks of their own, so the loop keeps scraping while a replica
+loads its model. A replica counts toward the fleet from the moment it is asked for (else every
+tick of a slow start would ask for another). A replica leaves the upstreams file before its
+drain starts, so the gateway stops sending it requests; the server then finishes what it holds
+(`surge serve` drains on SIGTERM), and anything the gateway still sent it meanwhile gets a 503
+the gateway retries elsewhere: nothing accepted is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from surge.autoscale.config import AutoscalerConfig
+from surge.autoscale.decide import Decision, Stabilizer, desired_replicas
+from surge.autoscale.forecast import HoltForecaster
+from surge.autoscale.providers.base import Provider, Replica, ReplicaStartError, ReplicaState
+from surge.autoscale.signals import Signals, SignalTracker, scrape_all
+from surge.observability.autoscaler_metrics import AutoscalerMetrics
+
+log = logging.getLogger(__name__)
+
+
+def write_upstreams_file(path: Path, urls: list[str]) -> None:
+    """The gateway's upstreams file, replaced atomically (it may read at any moment)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"upstreams": urls}, f)
+    os.replace(tmp, path)
+
+
+class Autoscaler:
+    def __init__(
+        self,
+        config: AutoscalerConfig,
+        provider: Provider,
+        upstreams_file: Path | None = None,
+        metrics: AutoscalerMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.provider = provider
+        self.upstreams_file = upstreams_file
+        self.metrics = metrics
+        self.clock = clock
+        self.tracker = SignalTracker()
+        self.forecaster = HoltForecaster(config.forecast_alpha, config.forecast_beta)
+        self.stabilizer = Stabilizer(config)
+        self.pending_starts = 0  # asked for, not yet ready
+        self.last_decision: Decision | None = None
+        self.last_signals: Signals | None = None
+        self.start_failures = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._published: list[str] | None = None
+
+    # -- the fleet -------------------------------------------------------------------------
+
+    def ready(self) -> list[Replica]:
+        return [r for r in self.provider.replicas() if r.state is ReplicaState.READY]
+
+    @property
+    def current(self) -> int:
+        """What the fleet will be: ready replicas plus those starting."""
+        return len(self.ready()) + self.pending_starts
+
+    def publish(self) -> None:
+        urls = sorted(r.url for r in self.ready())
+        if self.upstreams_file is not None and urls != self._published:
+            write_upstreams_file(self.upstreams_file, urls)
+            log.info("upstreams: %s", urls)
+        self._published = urls
+
+    async def start_initial(self) -> None:
+        """Bring the fleet to its initial size before serving (the gateway needs an upstream)."""
+        await asyncio.gather(*(self._start_one() for _ in range(self.config.start_replicas)))
+        if not self.ready():
+            raise ReplicaStartError("no replica could be started; see the replica logs")
+
+    async def _start_one(self) -> None:
+        self.pending_starts += 1
+        try:
+            await self.provider.start()
+        except ReplicaStartError as e:
+            self.start_failures += 1
+            log.error("%s", e)
+        finally:
+            self.pending_starts -= 1
+            self.publish()
+
+    async def _drain_one(self, replica: Replica) -> None:
+        replica.state = ReplicaState.DRAINING
+        self.publish()  # out of the gateway's rotation first
+        await asyncio.sleep(self.config.reload_grace_s)
+        await self.provider.drain(replica, self.config.drain_timeout_s)
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- one decision ------------------------------------------------------------------------
+
+    async def step(self, client: httpx.AsyncClient) -> int:
+        """Scrape, decide, act; returns the replica count decided on."""
+        self._replace_dead()
+        ready = self.ready()
+        loads = await scrape_all(client, [r.url for r in ready], self.config.scrape_timeout_s)
+        now = self.clock()
+        signals = self.tracker.update(now, loads)
+        forecast = None
+        if self.config.forecast_horizon_s > 0 and signals.arrival_rps is not None:
+            self.forecaster.update(now, signals.arrival_rps)
+            forecast = self.forecaster.predict(self.config.forecast_horizon_s)
+        current = self.current
+        decision = desired_replicas(signals, self.config, forecast, current)
+        target = self.stabilizer.recommend(now, decision.desired, current)
+        self.last_decision, self.last_signals = decision, signals
+        if target > current:
+            log.info("scale up %d -> %d (%s)", current, target, decision.reason)
+            for _ in range(target - current):
+                self._spawn(self._start_one())
+        elif target < current and self.pending_starts == 0:
+            load = {x.url: x.waiting + x.running for x in loads if x.ok}
+            victims = pick_victims(ready, load, current - target)
+            log.info("scale down %d -> %d (%s): draining %s", current, target, decision.reason,
+                     [v.id for v in victims])  # fmt: skip
+            for victim in victims:
+                self._spawn(self._drain_one(victim))
+        if self.metrics is not None:
+            self.metrics.observe(
+                ready=len(ready), starting=self.pending_starts, draining=self.draining(),
+                desired=target, decision=decision, forecast_rps=forecast, previous=current,
+            )  # fmt: skip
+        return target
+
+    def draining(self) -> int:
+        return sum(1 for r in self.provider.replicas() if r.state is ReplicaState.DRAINING)
+
+    def _replace_dead(self) -> None:
+        """A replica whose process exited on its own leaves the rotation; the next decisions
+        see the smaller fleet and start another if the load (or min_replicas) asks."""
+        for r in self.ready():
+            if not self.provider.alive(r):
+                log.error("replica %s exited on its own; dropping it", r.id)
+                self._spawn(self.provider.drain(r, timeout_s=0))  # collects the exit code
+                r.state = ReplicaState.STOPPED
+        self.publish()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Decide every `interval_s` until `stop` is set."""
+        async with httpx.AsyncClient() as client:
+            while not stop.is_set():
+                try:
+                    await self.step(client)
+                except Exception:  # one bad tick must not end the loop
+                    log.exception("autoscaler step failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.config.interval_s)
+
+    async def close(self) -> None:
+        """Let starts and drains under way finish, then drain every replica."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.provider.close(self.config.drain_timeout_s)
+        self.publish()
+
+
+def pick_victims(ready: list[Replica], load: dict[str, float], count: int) -> list[Replica]:
+    """The replicas to drain: the least loaded (fewest requests to finish), newest first on a
+    tie (the oldest have the warmest prefix caches)."""
+    order = sorted(ready, key=lambda r: (load.get(r.url, 0.0), -r.started_s))
+    return order[: max(0, min(count, len(ready) - 1))]

@@ -1,0 +1,59 @@
+"""Prometheus metrics of the autoscaler: the fleet by state, what each signal asks for, the
+forecast, and the scale events (KEDA and Ray Serve expose the same facts)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class _Decision(Protocol):
+    @property
+    def wants(self) -> dict[str, int]: ...
+
+
+class AutoscalerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        reg = self.registry
+        self.replicas = Gauge(
+            "surge_autoscaler_replicas", "Replicas by state.", ["state"], registry=reg
+        )
+        self.desired = Gauge(
+            "surge_autoscaler_desired_replicas", "Replicas decided on, after stabilization.",
+            registry=reg,
+        )  # fmt: skip
+        self.wanted = Gauge(
+            "surge_autoscaler_signal_replicas", "Replicas each signal asks for.", ["signal"],
+            registry=reg,
+        )  # fmt: skip
+        self.forecast = Gauge(
+            "surge_autoscaler_forecast_rps", "Forecast arrivals per second at the horizon.",
+            registry=reg,
+        )  # fmt: skip
+        self.events = Counter(
+            "surge_autoscaler_scale_events", "Scale decisions, by direction.", ["direction"],
+            registry=reg,
+        )  # fmt: skip
+
+    def observe(
+        self,
+        *,
+        ready: int,
+        starting: int,
+        draining: int,
+        desired: int,
+        decision: _Decision,
+        forecast_rps: float | None,
+        previous: int,
+    ) -> None:
+        for state, n in (("ready", ready), ("starting", starting), ("draining", draining)):
+            self.replicas.labels(state).set(n)
+        self.desired.set(desired)
+        for signal, n in decision.wants.items():
+            self.wanted.labels(signal).set(n)
+        if forecast_rps is not None:
+            self.forecast.set(forecast_rps)
+        if desired != previous:
+            self.events.labels("up" if desired > previous else "down").inc()
