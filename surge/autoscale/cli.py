@@ -24,7 +24,7 @@ import httpx
 
 from surge.autoscale.config import AutoscalerConfig
 from surge.autoscale.controller import Autoscaler
-from surge.autoscale.providers.base import ReplicaStartError
+from surge.autoscale.providers.base import Provider, ReplicaStartError
 from surge.autoscale.providers.local import LocalProcessProvider, LocalProviderConfig
 from surge.observability.autoscaler_metrics import AutoscalerMetrics
 
@@ -59,6 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="the gateway's and replicas' address")
     p.add_argument("--port", type=int, default=8080, help="the gateway's port; 0: no gateway")
     p.add_argument("--base-port", type=int, default=8100, help="replicas take ports from here")
+    p.add_argument(
+        "--provider",
+        choices=("local", "ray"),
+        default="local",
+        help="where replicas run: local processes, or actors on a Ray cluster (surge[ray])",
+    )
+    p.add_argument(
+        "--ray-address",
+        default="auto",
+        help="the Ray cluster: 'auto' (the running one), an address, or 'local' (start one here)",
+    )
+    p.add_argument("--ray-num-cpus", type=float, default=1.0, help="CPUs one replica reserves")
+    p.add_argument("--ray-num-gpus", type=float, default=0.0, help="GPUs one replica reserves")
     p.add_argument("--upstreams-file", default=None, help="where the ready replicas are listed")
     p.add_argument("--metrics-port", type=int, default=None, help="the autoscaler's /metrics")
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds per replica")
@@ -108,11 +121,26 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
     config = autoscaler_config(args)
     log_dir = Path(args.log_dir or tempfile.gettempdir())
     upstreams = Path(args.upstreams_file or log_dir / f"surge-autoscale-{os.getpid()}.json")
-    provider = LocalProcessProvider(
-        LocalProviderConfig(
-            tuple(serve_args), args.host, args.base_port, args.startup_timeout, log_dir
+    provider: Provider
+    if args.provider == "ray":
+        from surge.autoscale.providers.ray import RayProvider, RayProviderConfig
+
+        provider = RayProvider(
+            RayProviderConfig(
+                tuple(serve_args),
+                None if args.ray_address == "local" else args.ray_address,
+                args.ray_num_cpus,
+                args.ray_num_gpus,
+                args.base_port,
+                args.startup_timeout,
+            )
         )
-    )
+    else:
+        provider = LocalProcessProvider(
+            LocalProviderConfig(
+                tuple(serve_args), args.host, args.base_port, args.startup_timeout, log_dir
+            )
+        )
     metrics = AutoscalerMetrics()
     if args.metrics_port is not None:
         from prometheus_client import start_http_server

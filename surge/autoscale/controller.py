@@ -114,6 +114,7 @@ class Autoscaler:
 
     async def step(self, client: httpx.AsyncClient) -> int:
         """Scrape, decide, act; returns the replica count decided on."""
+        await self.provider.refresh()
         self._replace_dead()
         ready = self.ready()
         loads = await scrape_all(client, [r.url for r in ready], self.config.scrape_timeout_s)

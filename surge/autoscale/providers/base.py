@@ -45,6 +45,10 @@ class Provider(Protocol):
 
     def replicas(self) -> list[Replica]: ...
 
+    async def refresh(self) -> None:
+        """Bring what `alive` answers up to date (a remote provider asks its nodes)."""
+        ...
+
     async def close(self, timeout_s: float) -> None:
         """Drain every replica this provider started."""
         ...

@@ -102,6 +102,9 @@ class LocalProcessProvider:
             f"see {replica.labels['log']}"
         )
 
+    async def refresh(self) -> None:
+        """Nothing to do: `alive` asks the local process directly."""
+
     def alive(self, replica: Replica) -> bool:
         proc = self._procs.get(replica.id)
         return proc is not None and proc.poll() is None
