@@ -76,6 +76,9 @@ class Autoscaler:
         return len(self.ready()) + self.pending_starts
 
     def publish(self) -> None:
+        """The ready set to the gateway's upstreams file (when it changed) and the gauges."""
+        if self.metrics is not None:
+            self.metrics.set_fleet(len(self.ready()), self.pending_starts, self.draining())
         urls = sorted(r.url for r in self.ready())
         if self.upstreams_file is not None and urls != self._published:
             write_upstreams_file(self.upstreams_file, urls)
@@ -104,6 +107,7 @@ class Autoscaler:
         self.publish()  # out of the gateway's rotation first
         await asyncio.sleep(self.config.reload_grace_s)
         await self.provider.drain(replica, self.config.drain_timeout_s)
+        self.publish()
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[call-overload]

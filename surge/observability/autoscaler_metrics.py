@@ -37,6 +37,10 @@ class AutoscalerMetrics:
             registry=reg,
         )  # fmt: skip
 
+    def set_fleet(self, ready: int, starting: int, draining: int) -> None:
+        for state, n in (("ready", ready), ("starting", starting), ("draining", draining)):
+            self.replicas.labels(state).set(n)
+
     def observe(
         self,
         *,
@@ -48,8 +52,7 @@ class AutoscalerMetrics:
         forecast_rps: float | None,
         previous: int,
     ) -> None:
-        for state, n in (("ready", ready), ("starting", starting), ("draining", draining)):
-            self.replicas.labels(state).set(n)
+        self.set_fleet(ready, starting, draining)
         self.desired.set(desired)
         for signal, n in decision.wants.items():
             self.wanted.labels(signal).set(n)
