@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="where replicas run: local processes, or actors on a Ray cluster (surge[ray])",
     )
     p.add_argument(
+        "--cpus-per-replica",
+        default="auto",
+        help="pin each local replica to this many cores of its own; 'auto': the cores / "
+        "--max-replicas on a machine without an NVIDIA GPU, else no pinning; 0: no pinning",
+    )
+    p.add_argument(
         "--ray-address",
         default="auto",
         help="the Ray cluster: 'auto' (the running one), an address, or 'local' (start one here)",
@@ -105,6 +111,18 @@ async def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: floa
     raise RuntimeError(f"the gateway at {url} did not become healthy in {timeout_s:.0f}s")
 
 
+def cpus_per_replica(value: str, max_replicas: int) -> int | None:
+    if value == "auto":
+        if Path("/proc/driver/nvidia/gpus").is_dir():
+            return None  # GPU replicas: their cores are not the bottleneck
+        return max(1, len(os.sched_getaffinity(0)) // max_replicas)
+    try:
+        n = int(value)
+    except ValueError:
+        raise SystemExit(f"--cpus-per-replica: expected auto or a number, got {value!r}") from None
+    return n or None
+
+
 def _start_gateway(
     args: argparse.Namespace, upstreams: Path, log_dir: Path
 ) -> subprocess.Popen[bytes]:
@@ -138,7 +156,12 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
     else:
         provider = LocalProcessProvider(
             LocalProviderConfig(
-                tuple(serve_args), args.host, args.base_port, args.startup_timeout, log_dir
+                tuple(serve_args),
+                args.host,
+                args.base_port,
+                args.startup_timeout,
+                log_dir,
+                cpus_per_replica(args.cpus_per_replica, config.max_replicas),
             )
         )
     metrics = AutoscalerMetrics()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -28,6 +29,11 @@ class LocalProviderConfig:
     base_port: int = 8100  # replicas take the free ports from here up
     startup_timeout_s: float = 300.0
     log_dir: Path = Path("/tmp")
+    # Cores of its own for each replica (pinned, and its thread pools sized to them). Replicas
+    # whose thread pools each span every core fight over them: on 2 cores, a second replica
+    # starting beside a busy one made requests 10x slower (BENCHMARKS.md, autoscaler). None:
+    # no pinning (GPU replicas, or a box with cores to spare).
+    cpus_per_replica: int | None = None
 
 
 class LocalProcessProvider:
@@ -37,6 +43,7 @@ class LocalProcessProvider:
         self._replicas: dict[str, Replica] = {}
         self._ids = itertools.count()
         self._ports_taken: set[int] = set()
+        self._cores: dict[str, tuple[int, ...]] = {}  # replica id -> the cores it is pinned to
 
     def replicas(self) -> list[Replica]:
         return list(self._replicas.values())
@@ -63,13 +70,25 @@ class LocalProcessProvider:
             "--host", cfg.host, "--port", str(port), *cfg.serve_args,
         ]  # fmt: skip
         log_path = cfg.log_dir / f"surge-autoscale-{rid}.log"
+        cores = self._pick_cores()
+        env = dict(os.environ)
+        if cores:
+            env["OMP_NUM_THREADS"] = str(len(cores))  # torch's pools: one thread per own core
         with log_path.open("wb") as out:
             # A session of its own: a Ctrl-C at the autoscaler's terminal is the autoscaler's
             # to handle (it drains the replicas), not a signal to every replica at once.
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)  # fmt: skip
+        if cores:
+            # At once, while the child is still importing: the engine process it spawns later,
+            # and every thread, inherit the mask.
+            os.sched_setaffinity(proc.pid, cores)
+            self._cores[rid] = cores
+        labels = {"log": str(log_path)}
+        if cores:
+            labels["cores"] = ",".join(map(str, cores))
         replica = Replica(rid, f"http://{cfg.host}:{port}", started_s=time.monotonic(),
-                          pid=proc.pid, labels={"log": str(log_path)})  # fmt: skip
+                          pid=proc.pid, labels=labels)  # fmt: skip
         self._procs[rid] = proc
         self._replicas[rid] = replica
         log.info("replica %s starting (pid %d), log %s", rid, proc.pid, log_path)
@@ -81,6 +100,18 @@ class LocalProcessProvider:
         replica.state = ReplicaState.READY
         log.info("replica %s ready after %.1fs", rid, time.monotonic() - replica.started_s)
         return replica
+
+    def _pick_cores(self) -> tuple[int, ...]:
+        """The least-used slot of `cpus_per_replica` cores (free ones first); () if not pinning."""
+        per = self.config.cpus_per_replica
+        if not per:
+            return ()
+        mine = sorted(os.sched_getaffinity(0))
+        slots = [tuple(mine[i : i + per]) for i in range(0, len(mine) - per + 1, per)]
+        if not slots:  # fewer cores than asked for: all of them
+            return tuple(mine)
+        used = list(self._cores.values())
+        return min(slots, key=lambda s: (used.count(s), slots.index(s)))
 
     async def _wait_healthy(self, replica: Replica, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -130,6 +161,7 @@ class LocalProcessProvider:
         replica.state = ReplicaState.STOPPED
         del self._procs[replica.id]
         del self._replicas[replica.id]
+        self._cores.pop(replica.id, None)
         port = int(replica.url.rsplit(":", 1)[1])
         self._ports_taken.discard(port)
         log.info("replica %s stopped (exit %s)", replica.id, replica.exit_code)
