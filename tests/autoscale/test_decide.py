@@ -113,3 +113,23 @@ def test_holt_follows_a_ramp_ahead() -> None:
 def test_config_refuses_nonsense(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         AutoscalerConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_local_replicas_get_disjoint_cores_while_there_are_enough() -> None:
+    import os
+    from pathlib import Path
+
+    from surge.autoscale.cli import cpus_per_replica
+    from surge.autoscale.providers.local import LocalProcessProvider, LocalProviderConfig
+
+    cores = sorted(os.sched_getaffinity(0))
+    provider = LocalProcessProvider(LocalProviderConfig(log_dir=Path("/tmp"), cpus_per_replica=1))
+    first = provider._pick_cores()
+    provider._cores["a"] = first
+    second = provider._pick_cores()
+    assert len(first) == len(second) == 1
+    if len(cores) >= 2:
+        assert first != second  # a core each
+    assert cpus_per_replica("0", 4) is None and cpus_per_replica("3", 4) == 3
+    if not Path("/proc/driver/nvidia/gpus").is_dir():
+        assert cpus_per_replica("auto", 2) == max(1, len(cores) // 2)
