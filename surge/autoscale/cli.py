@@ -111,6 +111,13 @@ async def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: floa
     raise RuntimeError(f"the gateway at {url} did not become healthy in {timeout_s:.0f}s")
 
 
+async def _stop_when_exited(proc: subprocess.Popen[bytes], stop: asyncio.Event) -> None:
+    """Without its gateway the fleet serves no one: stop (and drain) when it exits."""
+    while proc.poll() is None:
+        await asyncio.sleep(1.0)
+    stop.set()
+
+
 def cpus_per_replica(value: str, max_replicas: int) -> int | None:
     if value == "auto":
         if Path("/proc/driver/nvidia/gpus").is_dir():
@@ -175,6 +182,7 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     gateway: subprocess.Popen[bytes] | None = None
+    watcher: asyncio.Task[None] | None = None
     try:
         log.info("starting %d replica(s): surge serve %s", config.start_replicas,
                  " ".join(serve_args))  # fmt: skip
@@ -184,12 +192,18 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
             url = f"http://{args.host}:{args.port}"
             await _wait_healthy(url, gateway, 60.0)
             log.info("gateway on %s (pid %d), upstreams in %s", url, gateway.pid, upstreams)
+            watcher = asyncio.create_task(_stop_when_exited(gateway, stop))
         await scaler.run(stop)
+        if gateway is not None and gateway.poll() is not None:
+            log.error("the gateway exited with %s: stopping", gateway.returncode)
+            return 1
         return 0
     except (ReplicaStartError, RuntimeError) as e:
         log.error("%s", e)
         return 1
     finally:
+        if watcher is not None:
+            watcher.cancel()
         if gateway is not None and gateway.poll() is None:
             gateway.send_signal(signal.SIGTERM)  # uvicorn lets in-flight requests finish
             try:

@@ -189,6 +189,11 @@ class DynamicBatcher(Generic[T, R]):
             results = await loop.run_in_executor(self._executor, self._run_batch, items)
             if len(results) != len(items):
                 raise RuntimeError(f"batch function gave {len(results)} results for {len(items)}")
+        except asyncio.CancelledError:  # closed mid-batch: its callers must not wait forever
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(RuntimeError("the batcher was closed"))
+            raise
         except Exception as e:  # each caller gets the error; the loop goes on
             for p in batch:
                 if not p.future.done():

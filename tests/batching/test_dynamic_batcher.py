@@ -183,3 +183,13 @@ async def test_close_fails_what_is_still_waiting() -> None:
 def test_config_refuses_nonsense(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         BatcherConfig(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_close_during_a_batch_fails_its_items_instead_of_leaving_them_waiting() -> None:
+    run = Recorder(sleep_s=0.5)
+    batcher = await _started(run, BatcherConfig(max_batch_size=8, max_queue_delay_s=0.0))
+    running = asyncio.ensure_future(batcher.submit(1))
+    await asyncio.sleep(0.1)  # in the model now
+    await batcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(running, 5)
