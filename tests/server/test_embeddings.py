@@ -160,3 +160,22 @@ def test_a_server_without_an_embedding_model_says_how_to_get_one(
     r = httpx.post(tiny_server.url + "/v1/embeddings", json={"input": "hi"}, timeout=30)
     assert r.status_code == 404
     assert "--embedding-model" in r.json()["error"]["message"]
+
+
+def test_embeddings_pass_through_the_gateway(server: ServerProcess) -> None:
+    from tests.gateway.processes import GatewayProcess
+
+    gateway = GatewayProcess("--upstream", server.url)
+    try:
+        gateway.wait_ready(num_upstreams=1)
+        texts = ["through the gateway", "and back"]
+        via = openai.OpenAI(base_url=gateway.url + "/v1", api_key="none", max_retries=0)
+        got = via.embeddings.create(model=NAME, input=texts)
+        direct = _client(server).embeddings.create(model=NAME, input=texts)
+        np.testing.assert_array_equal(
+            [d.embedding for d in got.data], [d.embedding for d in direct.data]
+        )
+        bad = httpx.post(gateway.url + "/v1/embeddings", json={"model": NAME, "input": ""})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+    finally:
+        gateway.stop()
