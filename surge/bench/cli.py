@@ -61,7 +61,12 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("target")
     t.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     t.add_argument("--model", help="model name (default: the first of GET /v1/models)")
-    t.add_argument("--api", choices=["completions", "chat"], default="completions")
+    t.add_argument(
+        "--api",
+        choices=["completions", "chat", "embeddings"],
+        default="completions",
+        help="embeddings: one input per request; its answer counts as the first token",
+    )
     t.add_argument("--api-key", help="sent as a Bearer token")
     t.add_argument("--label", default="", help="a name for this run in tables and compare")
     b = p.add_argument_group("bounds")

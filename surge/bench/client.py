@@ -107,6 +107,8 @@ def build_request(prompt: Prompt, config: BenchConfig) -> BenchRequest:
     """The body for `config.api`. Tenant goes as `user` and `x-surge-tenant`, priority as vLLM's
     `priority` field and `x-surge-priority`; both only when set (vLLM rejects a priority unless
     it was started with priority scheduling)."""
+    if config.api == "embeddings":
+        return _embedding_request(prompt, config)
     stream_options: dict[str, object] = {"include_usage": True}
     if config.continuous_usage:
         stream_options["continuous_usage_stats"] = True
@@ -138,6 +140,18 @@ def build_request(prompt: Prompt, config: BenchConfig) -> BenchRequest:
         headers.append(("x-surge-priority", str(prompt.priority)))
     body.update(dict(config.extra_body))
     return BenchRequest(path, body, tuple(headers), prompt)
+
+
+def _embedding_request(prompt: Prompt, config: BenchConfig) -> BenchRequest:
+    body: dict[str, object] = {
+        "model": config.model, "input": prompt.full_text, "encoding_format": "base64",
+    }  # fmt: skip
+    headers = [("authorization", f"Bearer {config.api_key}")] if config.api_key else []
+    if prompt.tenant is not None:
+        body["user"] = prompt.tenant
+        headers.append(("x-surge-tenant", prompt.tenant))
+    body.update(dict(config.extra_body))
+    return BenchRequest("/v1/embeddings", body, tuple(headers), prompt)
 
 
 async def send_one(
@@ -178,6 +192,9 @@ async def send_into(
 async def _exchange(
     client: httpx.AsyncClient, req: BenchRequest, record: RequestRecord, t0: float
 ) -> None:
+    if req.path == "/v1/embeddings":
+        await _embed(client, req, record, t0)
+        return
     async with client.stream("POST", req.path, json=req.body, headers=dict(req.headers)) as resp:
         record.status = resp.status_code
         if resp.status_code != 200:
@@ -216,6 +233,29 @@ async def _exchange(
             record.error_type, record.error = "incomplete", "stream ended without [DONE]"
             return
         record.chunk_tokens = _chunk_tokens(record, usage_per_chunk)
+
+
+async def _embed(
+    client: httpx.AsyncClient, req: BenchRequest, record: RequestRecord, t0: float
+) -> None:
+    """One answer, not a stream: its arrival is both the first token and the end (TTFT = e2e),
+    and it has no output tokens."""
+    resp = await client.post(req.path, json=req.body, headers=dict(req.headers))
+    record.status = resp.status_code
+    if resp.status_code != 200:
+        record.error_type, record.error = f"http_{resp.status_code}", _error_message(resp.text)
+        return
+    body = resp.json()
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list) or not data:
+        record.error_type, record.error = "bad_response", resp.text[:200]
+        return
+    record.chunk_s.append(time.perf_counter() - t0)
+    usage = body.get("usage")
+    if isinstance(usage, dict):
+        _apply_usage(record, usage)
+    record.num_output_tokens = 0
+    record.finish_reason = "stop"
 
 
 def _has_text(chunk: dict[str, object]) -> bool:

@@ -18,7 +18,7 @@ from typing import Literal
 
 LengthKind = Literal["fixed", "uniform", "normal", "lognormal"]
 ArrivalKind = Literal["constant", "poisson", "gamma", "sinusoid", "pulse", "step", "trace"]
-Api = Literal["completions", "chat"]
+Api = Literal["completions", "chat", "embeddings"]
 ARRIVAL_KINDS: tuple[ArrivalKind, ...] = (
     "constant", "poisson", "gamma", "sinusoid", "pulse", "step", "trace",
 )  # fmt: skip
@@ -241,8 +241,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
-        if self.api not in ("completions", "chat"):
-            raise ValueError(f"api must be completions or chat, got {self.api!r}")
+        if self.api not in ("completions", "chat", "embeddings"):
+            raise ValueError(f"api must be completions, chat or embeddings, got {self.api!r}")
         if (self.concurrency is None) == (self.arrival is None):
             raise ValueError("set exactly one of concurrency (closed loop) and arrival (open loop)")
         if self.concurrency is not None and self.concurrency < 1:

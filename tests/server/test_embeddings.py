@@ -179,3 +179,26 @@ def test_embeddings_pass_through_the_gateway(server: ServerProcess) -> None:
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
     finally:
         gateway.stop()
+
+
+def test_surge_bench_drives_embeddings_open_and_closed_loop(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    import json
+
+    from surge.bench import cli as bench_cli
+
+    common = ["--url", server.url, "--model", NAME, "--api", "embeddings", "--input-len", "12",
+              "--no-progress", "--slo", "ttft=30s"]  # fmt: skip
+    closed, poisson = tmp_path / "closed.json", tmp_path / "poisson.json"
+    assert bench_cli.main([*common, "--concurrency", "8", "--num-requests", "24",
+                           "--output", str(closed)]) == 0  # fmt: skip
+    assert bench_cli.main([*common, "--rate", "40", "--num-requests", "12",
+                           "--output", str(poisson)]) == 0  # fmt: skip
+    for path, n in ((closed, 24), (poisson, 12)):
+        result = json.loads(path.read_text())
+        summary = result["summary"]
+        assert summary["num_ok"] == n and summary["num_errors"] == 0
+        assert summary["num_output_tokens"] == 0 and summary["num_prompt_tokens"] > n
+        assert summary["ttft"]["p50"] == pytest.approx(summary["e2e"]["p50"], abs=0.005)
+        assert summary["goodput"]["fraction_met"] == 1.0
