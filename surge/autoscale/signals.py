@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import httpx
 
-# metric name -> field; several series of one name (one per model) add up, except KV usage.
+from surge.observability.scan import scan_metrics
+
+# metric name -> ReplicaLoad field
 _METRICS = {
     "vllm:num_requests_waiting": "waiting",
     "vllm:num_requests_running": "running",
@@ -36,27 +38,7 @@ class ReplicaLoad:
 
 
 def parse_metrics(url: str, text: str) -> ReplicaLoad:
-    """A line scan of Prometheus text for the few series above (a full parse of a server's
-    histograms would cost more than the whole decision)."""
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(("vllm:", "surge:requests_received")):
-            continue
-        brace, space = line.find("{"), line.find(" ")
-        end = brace if 0 <= brace < space else space
-        field = _METRICS.get(line[:end]) if end > 0 else None
-        if field is None:
-            continue
-        rest = line[line.rindex("}") + 1 :] if end == brace else line[end:]
-        try:
-            value = float(rest.split()[0])
-        except (IndexError, ValueError):
-            continue
-        if field == "kv_usage":
-            found[field] = max(found.get(field, 0.0), value)
-        else:
-            found[field] = found.get(field, 0.0) + value
-    return ReplicaLoad(url, True, **found)
+    return ReplicaLoad(url, True, **scan_metrics(text, _METRICS, keep_max=("kv_usage",)))
 
 
 async def scrape(client: httpx.AsyncClient, url: str, timeout_s: float) -> ReplicaLoad:

@@ -19,6 +19,7 @@ from surge.gateway.breaker import CircuitBreaker
 from surge.gateway.config import GatewayConfig, UpstreamConfig
 from surge.gateway.config_file import read_upstreams_file
 from surge.gateway.health import HealthTracker
+from surge.observability.scan import scan_metrics
 
 log = logging.getLogger(__name__)
 
@@ -73,31 +74,8 @@ _LOAD_METRICS = {
 
 
 def parse_load(text: str) -> ScrapedLoad:
-    """Queue, running and KV usage from Prometheus text; absent metrics stay None.
-
-    A line scan rather than a full exposition parser: it runs every scrape on the event loop,
-    and a server's histograms make its /metrics long. Several series of one name (one per
-    model or engine) add up; KV usage takes the fullest.
-    """
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(("vllm:", "sglang:")):
-            continue
-        brace = line.find("{")
-        space = line.find(" ")
-        end = brace if 0 <= brace < space else space
-        field = _LOAD_METRICS.get(line[:end]) if end > 0 else None
-        if field is None:
-            continue
-        rest = line[line.rindex("}") + 1 :] if end == brace else line[end:]
-        try:
-            value = float(rest.split()[0])
-        except (IndexError, ValueError):
-            continue
-        if field == "kv_cache_usage":
-            found[field] = max(found.get(field, 0.0), value)
-        else:
-            found[field] = found.get(field, 0.0) + value
+    """Queue, running and KV usage from Prometheus text; absent metrics stay None."""
+    found = scan_metrics(text, _LOAD_METRICS, keep_max=("kv_cache_usage",))
     waiting, running = found.get("num_waiting"), found.get("num_running")
     return ScrapedLoad(
         num_waiting=None if waiting is None else int(waiting),

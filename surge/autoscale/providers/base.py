@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
+
+import httpx
 
 
 class ReplicaState(Enum):
@@ -52,3 +57,26 @@ class Provider(Protocol):
     async def close(self, timeout_s: float) -> None:
         """Drain every replica this provider started."""
         ...
+
+
+async def wait_healthy(
+    replica: Replica,
+    running: Callable[[], Awaitable[bool]],
+    timeout_s: float,
+    where: str,
+    poll_s: float = 0.3,
+) -> None:
+    """Until the replica's /health answers 200; ReplicaStartError if its server stops running
+    first (`running`) or `timeout_s` passes. `where`: where to look for why (its log)."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if not await running():
+                raise ReplicaStartError(f"replica {replica.id} exited while starting; see {where}")
+            try:
+                if (await client.get(replica.url + "/health")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(poll_s)
+    raise ReplicaStartError(f"replica {replica.id} not healthy in {timeout_s:.0f}s; see {where}")

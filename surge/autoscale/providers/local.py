@@ -15,9 +15,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from surge.autoscale.providers.base import Replica, ReplicaStartError, ReplicaState
+from surge.autoscale.providers.base import (
+    Replica,
+    ReplicaStartError,
+    ReplicaState,
+    wait_healthy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +96,11 @@ class LocalProcessProvider:
         self._replicas[rid] = replica
         log.info("replica %s starting (pid %d), log %s", rid, proc.pid, log_path)
         try:
-            await self._wait_healthy(replica, proc)
+
+            async def running() -> bool:
+                return proc.poll() is None
+
+            await wait_healthy(replica, running, cfg.startup_timeout_s, str(log_path))
         except BaseException:
             await self._stop(replica, timeout_s=5.0)
             raise
@@ -112,26 +119,6 @@ class LocalProcessProvider:
             return tuple(mine)
         used = list(self._cores.values())
         return min(slots, key=lambda s: (used.count(s), slots.index(s)))
-
-    async def _wait_healthy(self, replica: Replica, proc: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if proc.poll() is not None:
-                    raise ReplicaStartError(
-                        f"replica {replica.id} exited with {proc.returncode} while starting; "
-                        f"see {replica.labels['log']}"
-                    )
-                try:
-                    if (await client.get(replica.url + "/health")).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.3)
-        raise ReplicaStartError(
-            f"replica {replica.id} not healthy in {self.config.startup_timeout_s:.0f}s; "
-            f"see {replica.labels['log']}"
-        )
 
     async def refresh(self) -> None:
         """Nothing to do: `alive` asks the local process directly."""

@@ -19,10 +19,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import ray
 
-from surge.autoscale.providers.base import Replica, ReplicaStartError, ReplicaState
+from surge.autoscale.providers.base import (
+    Replica,
+    ReplicaStartError,
+    ReplicaState,
+    wait_healthy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,30 +121,14 @@ class RayProvider:
         self._actors[rid], self._replicas[rid], self._alive[rid] = actor, replica, True
         log.info("replica %s starting on %s (pid %d there)", rid, url, pid)
         try:
-            await self._wait_healthy(replica, actor)
+            where = f"{log_path} on {node}"
+            await wait_healthy(replica, actor.alive.remote, cfg.startup_timeout_s, where, 0.5)
         except BaseException:
             await self._stop(replica, timeout_s=5.0)
             raise
         replica.state = ReplicaState.READY
         log.info("replica %s ready after %.1fs", rid, time.monotonic() - replica.started_s)
         return replica
-
-    async def _wait_healthy(self, replica: Replica, actor: Any) -> None:
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if not await actor.alive.remote():
-                    raise ReplicaStartError(
-                        f"replica {replica.id} exited while starting; see "
-                        f"{replica.labels['log']} on {replica.labels['node']}"
-                    )
-                try:
-                    if (await client.get(replica.url + "/health")).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.5)
-        raise ReplicaStartError(f"replica {replica.id} not healthy in time")
 
     def alive(self, replica: Replica) -> bool:
         """From the last check (the controller asks every tick; `refresh` keeps it current)."""
