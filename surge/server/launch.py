@@ -83,7 +83,7 @@ def _load_embeddings(config: ServerConfig, metrics: ServerMetrics) -> EmbeddingS
     service.start()
     log.info(
         "embeddings: %s as %r (%s); batches of up to %d, preferred %s, max queue delay %.1f ms",
-        path.name, name, model.describe(), batcher.max_batch_size,
+        path, name, model.describe(), batcher.max_batch_size,
         list(batcher.preferred_batch_sizes) or "none", batcher.max_queue_delay_s * 1e3,
     )  # fmt: skip
     return service
