@@ -257,7 +257,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         "--embedding-max-batch-tokens",
         type=int,
         default=None,
-        help="bound on a batch's padded tokens (default: none)",
+        help="bound on a batch's tokens (default: none)",
     )
 
 

@@ -16,15 +16,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
-
 from surge.autoscale.config import AutoscalerConfig
 from surge.autoscale.controller import Autoscaler
-from surge.autoscale.providers.base import Provider, ReplicaStartError
+from surge.autoscale.providers.base import Provider, ReplicaStartError, wait_healthy
 from surge.autoscale.providers.local import LocalProcessProvider, LocalProviderConfig
 from surge.observability.autoscaler_metrics import AutoscalerMetrics
 
@@ -96,21 +93,6 @@ def autoscaler_config(args: argparse.Namespace) -> AutoscalerConfig:
     )
 
 
-async def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the gateway exited with {proc.returncode}")
-            try:
-                if (await client.get(url + "/health")).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"the gateway at {url} did not become healthy in {timeout_s:.0f}s")
-
-
 async def _stop_when_exited(proc: subprocess.Popen[bytes], stop: asyncio.Event) -> None:
     """Without its gateway the fleet serves no one: stop (and drain) when it exits."""
     while proc.poll() is None:
@@ -131,14 +113,14 @@ def cpus_per_replica(value: str, max_replicas: int) -> int | None:
 
 
 def _start_gateway(
-    args: argparse.Namespace, upstreams: Path, log_dir: Path
+    args: argparse.Namespace, upstreams: Path, log_path: Path
 ) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "surge.cli", "gateway", "--host", args.host,
         "--port", str(args.port), "--upstreams-file", str(upstreams),
         "--reload-interval", "0.5", *args.gateway_arg,
     ]  # fmt: skip
-    out = (log_dir / f"surge-autoscale-gateway-{args.port}.log").open("wb")
+    out = log_path.open("wb")
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -188,9 +170,14 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
                  " ".join(serve_args))  # fmt: skip
         await scaler.start_initial()
         if args.port:
-            gateway = _start_gateway(args, upstreams, log_dir)
+            gateway_log = log_dir / f"surge-autoscale-gateway-{args.port}.log"
+            gateway = proc = _start_gateway(args, upstreams, gateway_log)
             url = f"http://{args.host}:{args.port}"
-            await _wait_healthy(url, gateway, 60.0)
+
+            async def running() -> bool:
+                return proc.poll() is None
+
+            await wait_healthy(url, "the gateway", running, 60.0, str(gateway_log), poll_s=0.2)
             log.info("gateway on %s (pid %d), upstreams in %s", url, gateway.pid, upstreams)
             watcher = asyncio.create_task(_stop_when_exited(gateway, stop))
         await scaler.run(stop)

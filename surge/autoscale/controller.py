@@ -18,16 +18,17 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from surge.autoscale.config import AutoscalerConfig
-from surge.autoscale.decide import Decision, Stabilizer, desired_replicas
+from surge.autoscale.decide import Stabilizer, desired_replicas
 from surge.autoscale.forecast import HoltForecaster
 from surge.autoscale.providers.base import Provider, Replica, ReplicaStartError, ReplicaState
-from surge.autoscale.signals import Signals, SignalTracker, scrape_all
+from surge.autoscale.signals import SignalTracker, scrape_all
 from surge.observability.autoscaler_metrics import AutoscalerMetrics
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,6 @@ class Autoscaler:
         self.forecaster = HoltForecaster(config.forecast_alpha, config.forecast_beta)
         self.stabilizer = Stabilizer(config)
         self.pending_starts = 0  # asked for, not yet ready
-        self.last_decision: Decision | None = None
-        self.last_signals: Signals | None = None
-        self.start_failures = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._published: list[str] | None = None
 
@@ -96,7 +94,6 @@ class Autoscaler:
         try:
             await self.provider.start()
         except ReplicaStartError as e:
-            self.start_failures += 1
             log.error("%s", e)
         finally:
             self.pending_starts -= 1
@@ -109,8 +106,8 @@ class Autoscaler:
         await self.provider.drain(replica, self.config.drain_timeout_s)
         self.publish()
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -131,7 +128,6 @@ class Autoscaler:
         current = self.current
         decision = desired_replicas(signals, self.config, forecast, current)
         target = self.stabilizer.recommend(now, decision.desired, current)
-        self.last_decision, self.last_signals = decision, signals
         if target > current:
             log.info("scale up %d -> %d (%s)", current, target, decision.reason)
             for _ in range(target - current):

@@ -16,8 +16,8 @@ class BatcherConfig:
     preferred_batch_sizes: tuple[int, ...] = ()  # empty: only max_batch_size sends at once
     max_queue_delay_s: float = 0.0  # Triton's default: a lone input on an idle model goes at once
     max_queue_size: int = 1024  # items waiting; more are refused (QueueFullError -> 503)
-    # Bound on a batch's summed item cost (for embeddings: padded tokens, so that one long
-    # input does not make 31 short ones pay for its padding). None: no bound.
+    # Bound on a batch's cost, as the batcher's `batch_cost` counts it (for embeddings: its
+    # tokens, so that a batch of long inputs stays within a model step's budget). None: none.
     max_batch_cost: int | None = None
 
     def __post_init__(self) -> None:

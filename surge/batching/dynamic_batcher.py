@@ -91,7 +91,7 @@ class DynamicBatcher(Generic[T, R]):
         depth = self.queue_depth
         if depth + len(items) > self.config.max_queue_size:
             raise QueueFullError(
-                f"embedding queue is full ({depth} of {self.config.max_queue_size} waiting; "
+                f"queue is full ({depth} of {self.config.max_queue_size} waiting; "
                 f"this request has {len(items)} inputs)",
                 retry_after_s=self._retry_after_s(depth),
             )
@@ -142,13 +142,12 @@ class DynamicBatcher(Generic[T, R]):
     async def _next_batch(self) -> list[_Pending[T, R]]:
         cfg = self.config
         while True:
-            while self._queue and self._queue[0].future.done():
-                self._queue.popleft()  # cancelled while waiting
-            if not self._queue:
+            live = [p for p in self._queue if not p.future.done()]  # not cancelled meanwhile
+            if not live:
+                self._queue.clear()
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            live = [p for p in self._queue if not p.future.done()]
             n = self._fit(live)
             bound_reached = n == cfg.max_batch_size or n < len(live)
             preferred = max((s for s in cfg.preferred_batch_sizes if s <= n), default=0)

@@ -122,6 +122,17 @@ class AdmissionController:
     def pending_for(self, tenant: str) -> int:
         return self._pending_by_tenant.get(tenant, 0)
 
+    def check_open(self) -> None:
+        """503 with Retry-After while draining or not ready; work of any kind is refused then."""
+        if self._draining:
+            raise ServiceUnavailableError(
+                "server is shutting down", retry_after_s=self.retry_after_s, code="draining"
+            )
+        if not self.ready:
+            raise ServiceUnavailableError(
+                "server is not ready", retry_after_s=self.retry_after_s, code="not_ready"
+            )
+
     def admit(
         self, num_tokens: int, num_waiting: int = 0, waiting_tokens: int = 0, tenant: str = ""
     ) -> Admission:
@@ -133,14 +144,7 @@ class AdmissionController:
         `num_waiting` / `waiting_tokens`: a queue outside this controller's own count (the
         server passes none: its count of admitted requests without a first token is exact).
         """
-        if self._draining:
-            raise ServiceUnavailableError(
-                "server is shutting down", retry_after_s=self.retry_after_s, code="draining"
-            )
-        if not self.ready:
-            raise ServiceUnavailableError(
-                "server is not ready", retry_after_s=self.retry_after_s, code="not_ready"
-            )
+        self.check_open()
         queued = num_waiting + self._pending_requests
         if queued + 1 > self.max_queued_requests:
             raise RateLimitError(

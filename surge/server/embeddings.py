@@ -29,9 +29,9 @@ class EmbeddingModelLike(Protocol):
     def describe(self) -> str: ...
 
 
-def padded_tokens(batch: Sequence[list[int]]) -> int:
-    """A batch's cost: every row is padded to the longest."""
-    return len(batch) * max(len(ids) for ids in batch)
+def batch_tokens(batch: Sequence[list[int]]) -> int:
+    """A batch's cost: its tokens (batches run packed, so padding costs only in attention)."""
+    return sum(len(ids) for ids in batch)
 
 
 class EmbeddingService:
@@ -50,7 +50,7 @@ class EmbeddingService:
             metrics.observe_batch(stats.size, stats.queue_wait_s, stats.run_s)
 
         self.batcher: DynamicBatcher[list[int], list[float]] = DynamicBatcher(
-            model.embed, config, batch_cost=padded_tokens, on_batch=on_batch
+            model.embed, config, batch_cost=batch_tokens, on_batch=on_batch
         )
 
     def start(self) -> None:
@@ -107,5 +107,5 @@ class EmbeddingService:
             vectors = await self.batcher.submit_many(token_ids)
         except QueueFullError as e:
             raise RateLimitError(str(e), retry_after_s=e.retry_after_s, code="queue_full") from e
-        self.metrics.observe_request(len(token_ids), sum(len(ids) for ids in token_ids))
+        self.metrics.observe_request(len(token_ids), batch_tokens(token_ids))
         return vectors

@@ -77,19 +77,31 @@ class ServerState:
         """Rate limits per key, then the queue bounds; raises 429/503 with Retry-After."""
         self.metrics.observe_received()
         try:
-            wait = self.limiter.check(key, num_prompt_tokens + reserve_tokens, time.monotonic())
-            if wait > 0:
-                raise RateLimitError(
-                    f"rate limit exceeded for this tenant or API key; retry in {wait:.1f}s",
-                    retry_after_s=wait,
-                    code="rate_limit_exceeded",
-                )
+            self._check_rate(key, num_prompt_tokens + reserve_tokens)
             # The server's own count of admitted requests without a first token is exact and
             # current; the engine's waiting gauge lags by a step and is a subset of it.
             return self.admission.admit(num_prompt_tokens, tenant=tenant)
         except SurgeHTTPError as e:
             self.metrics.observe_rejection(str(e.code or e.type))
             raise
+
+    def check_embedding_request(self, key: str, num_tokens: int) -> None:
+        """What an embedding request passes besides its own queue: open, within rate limits."""
+        try:
+            self.admission.check_open()
+            self._check_rate(key, num_tokens)
+        except SurgeHTTPError as e:
+            self.metrics.observe_rejection(str(e.code or e.type))
+            raise
+
+    def _check_rate(self, key: str, num_tokens: int) -> None:
+        wait = self.limiter.check(key, num_tokens, time.monotonic())
+        if wait > 0:
+            raise RateLimitError(
+                f"rate limit exceeded for this tenant or API key; retry in {wait:.1f}s",
+                retry_after_s=wait,
+                code="rate_limit_exceeded",
+            )
 
 
 def get_state(request: Request) -> ServerState:

@@ -60,23 +60,24 @@ class Provider(Protocol):
 
 
 async def wait_healthy(
-    replica: Replica,
+    url: str,
+    what: str,
     running: Callable[[], Awaitable[bool]],
     timeout_s: float,
     where: str,
     poll_s: float = 0.3,
 ) -> None:
-    """Until the replica's /health answers 200; ReplicaStartError if its server stops running
-    first (`running`) or `timeout_s` passes. `where`: where to look for why (its log)."""
+    """Until `url`/health answers 200; ReplicaStartError if the process stops running first
+    (`running`) or `timeout_s` passes. `what` names it, `where` says where to look (its log)."""
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(timeout=2.0) as client:
         while time.monotonic() < deadline:
             if not await running():
-                raise ReplicaStartError(f"replica {replica.id} exited while starting; see {where}")
+                raise ReplicaStartError(f"{what} exited while starting; see {where}")
             try:
-                if (await client.get(replica.url + "/health")).status_code == 200:
+                if (await client.get(url + "/health")).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             await asyncio.sleep(poll_s)
-    raise ReplicaStartError(f"replica {replica.id} not healthy in {timeout_s:.0f}s; see {where}")
+    raise ReplicaStartError(f"{what} not healthy in {timeout_s:.0f}s; see {where}")

@@ -100,7 +100,8 @@ class LocalProcessProvider:
             async def running() -> bool:
                 return proc.poll() is None
 
-            await wait_healthy(replica, running, cfg.startup_timeout_s, str(log_path))
+            await wait_healthy(replica.url, f"replica {rid}", running, cfg.startup_timeout_s,
+                               str(log_path))  # fmt: skip
         except BaseException:
             await self._stop(replica, timeout_s=5.0)
             raise

@@ -122,7 +122,8 @@ class RayProvider:
         log.info("replica %s starting on %s (pid %d there)", rid, url, pid)
         try:
             where = f"{log_path} on {node}"
-            await wait_healthy(replica, actor.alive.remote, cfg.startup_timeout_s, where, 0.5)
+            await wait_healthy(replica.url, f"replica {rid}", actor.alive.remote,
+                               cfg.startup_timeout_s, where, poll_s=0.5)  # fmt: skip
         except BaseException:
             await self._stop(replica, timeout_s=5.0)
             raise

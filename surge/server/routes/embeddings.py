@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -13,7 +12,6 @@ from surge.server.errors import (
     NotFoundError,
     RateLimitError,
     RequestTimeoutError,
-    ServiceUnavailableError,
 )
 from surge.server.protocol_embeddings import MAX_INPUTS, EmbeddingRequest, embedding_response
 from surge.server.serving import wait_disconnect
@@ -45,22 +43,9 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
         raise BadRequestError(
             f"input has {len(inputs)} items; at most {MAX_INPUTS} per request", param="input"
         )
-    if state.admission.draining or not state.admission.ready:
-        raise ServiceUnavailableError(
-            "server is shutting down" if state.admission.draining else "server is not ready",
-            retry_after_s=state.admission.retry_after_s,
-            code="draining" if state.admission.draining else "not_ready",
-        )
     token_ids = service.prepare(inputs, body.truncate_prompt_tokens)
     num_tokens = sum(len(ids) for ids in token_ids)
-    wait = state.limiter.check(client_key(request), num_tokens, time.monotonic())
-    if wait > 0:
-        state.metrics.observe_rejection("rate_limit_exceeded")
-        raise RateLimitError(
-            f"rate limit exceeded for this API key; retry in {wait:.1f}s",
-            retry_after_s=wait,
-            code="rate_limit_exceeded",
-        )
+    state.check_embedding_request(client_key(request), num_tokens)
     work = asyncio.create_task(service.embed(token_ids))
     watcher = asyncio.create_task(wait_disconnect(request))
     try:
