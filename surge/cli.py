@@ -18,6 +18,7 @@ from surge.engine.config import (
     ModelConfig,
     SchedulerConfig,
 )
+from surge.observability.tracing import TracingConfig, endpoint_from_env
 from surge.server.config import ServerConfig
 
 # torch.compile's graphs (--compile): inductor's own default cache is under /tmp, gone at
@@ -231,6 +232,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         help="lower the API process's CPU priority by this much once the engine has started "
         "(the engine keeps its own): lower one-stream latency on a box of few cores",
     )
+    add_tracing_args(g)
     e = p.add_argument_group("embeddings (/v1/embeddings, Triton-style dynamic batching)")
     e.add_argument(
         "--embedding-model",
@@ -258,6 +260,15 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="bound on a batch's tokens (default: none)",
+    )
+
+
+def add_tracing_args(g: argparse._ActionsContainer) -> None:
+    g.add_argument(
+        "--otlp-traces-endpoint",
+        default=endpoint_from_env(),
+        help="send OpenTelemetry spans over OTLP/HTTP to this collector, e.g. "
+        "http://127.0.0.1:4318 (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else off)",
     )
 
 
@@ -292,6 +303,11 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             max_queue_size=args.embedding_max_queue_size,
             max_batch_cost=args.embedding_max_batch_tokens,
         ),
+        tracing=TracingConfig(
+            otlp_endpoint=args.otlp_traces_endpoint,
+            service_name="surge-server",
+            instance_id=f"{args.host}:{args.port}",
+        ),
     )
 
 
@@ -306,7 +322,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from surge.event_loop import run
     from surge.server.launch import serve
 
-    return run(serve(server_config(args), engine_config(args)))
+    try:
+        configs = server_config(args), engine_config(args)
+    except ValueError as e:  # a bad flag value: say which, without a traceback
+        print(f"surge serve: {e}", file=sys.stderr)
+        return 2
+    return run(serve(*configs))
 
 
 # Subcommands with their own parsers and packages: `surge bench|gateway|autoscale ...`.

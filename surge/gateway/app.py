@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from surge.gateway.balancers import Balancer, make_balancer
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
@@ -45,6 +47,7 @@ from surge.gateway.upstreams import (
     scrape_loop,
     watch_upstreams_file,
 )
+from surge.observability.tracing import Tracing, extract
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,7 @@ class GatewayState:
     limiter: ConcurrencyLimiter
     reload_now: asyncio.Event = field(default_factory=asyncio.Event)  # set by SIGHUP
     proxy: Proxy | None = None  # built in the lifespan, with the HTTP client
+    tracing: Tracing = field(default_factory=Tracing.off)  # started in the lifespan
 
     @classmethod
     def create(cls, config: GatewayConfig) -> GatewayState:
@@ -88,7 +92,9 @@ def build_app(config: GatewayConfig) -> FastAPI:
             httpx.AsyncClient(timeout=timeout, limits=limits) as client,
             httpx.AsyncClient(timeout=config.health.timeout_s) as monitor,
         ):
-            state.proxy = Proxy(config, state.pool, state.balancers, client, state.metrics)
+            state.tracing = Tracing.start(config.tracing)
+            state.proxy = Proxy(config, state.pool, state.balancers, client, state.metrics,
+                                tracing=state.tracing)  # fmt: skip
             tasks = await _start_background(state, monitor)
             try:
                 yield
@@ -96,6 +102,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                state.tracing.shutdown()
 
     app = FastAPI(title="Surge gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)  # fmt: skip
@@ -203,19 +210,45 @@ async def _proxy(
 ) -> Response:
     arrival_s = time.perf_counter()
     status = 500
+    span = _request_span(state, request, route)
+    ends_with_stream = False
     try:
-        response = await _admit_and_forward(state, request, arrival_s, generation)
+        response = await _admit_and_forward(state, request, arrival_s, generation, span)
         status = response.status_code
+        if isinstance(response, RelayStream):  # the span lasts as long as the stream
+            response.add_on_close(span.end)
+            ends_with_stream = True
         return response
     except GatewayError as e:
         status = e.status_code
         raise
     finally:
         state.metrics.requests.labels(route, str(status)).inc()
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+        if not ends_with_stream:
+            span.end()
+
+
+def _request_span(state: GatewayState, request: Request, route: str) -> trace.Span:
+    """The gateway's span of one request, a child of the client's `traceparent` if it sent one."""
+    if not state.tracing.enabled:
+        return trace.INVALID_SPAN
+    return state.tracing.tracer.start_span(
+        f"{request.method} {route}",
+        context=extract(request.headers),
+        kind=SpanKind.SERVER,
+        attributes={
+            "http.request.method": request.method,
+            "http.route": route,
+            "url.path": request.url.path,
+        },
+    )
 
 
 async def _admit_and_forward(
-    state: GatewayState, request: Request, arrival_s: float, generation: bool
+    state: GatewayState, request: Request, arrival_s: float, generation: bool, span: trace.Span
 ) -> Response:
     config, metrics, limiter = state.config, state.metrics, state.limiter
     body = await _read_body(request, config.max_body_bytes)
@@ -237,15 +270,18 @@ async def _admit_and_forward(
         preq = ProxyRequest(
             method=request.method,
             path=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
-            headers=forward_headers(request.headers),
+            headers=forward_headers(request.headers, tracing=state.tracing.enabled),
             body=body,
             key=key,
             stream=bool(parsed and parsed.get("stream") is True),
             arrival_s=arrival_s,
             queued_s=queued_s,
+            trace_context=trace.set_span_in_context(span) if state.tracing.enabled else None,
         )
         if parsed is not None:
             _degrade(state, preq, parsed)
+            if DEGRADED_HEADER in preq.extra_headers:
+                span.set_attribute("surge.degraded", preq.extra_headers[DEGRADED_HEADER])
         response = await _forward_unless_disconnected(state, preq, request)
         if isinstance(response, RelayStream):
             response.add_on_close(lambda: limiter.release(api_key))

@@ -12,6 +12,7 @@ from surge.event_loop import run as run_event_loop
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
 from surge.gateway.config_file import config_from_mapping, read_mapping
 from surge.gateway.launch import serve
+from surge.observability.tracing import endpoint_from_env
 
 # flag -> (config section or None for top level, field, type, help). Every flag defaults to
 # None, meaning "not given": then the config file's value, else the dataclass default, holds.
@@ -68,6 +69,10 @@ _FLAGS: dict[str, tuple[str | None, str, type, str]] = {
     "--degrade-max-tokens": ("degrade", "max_tokens_cap", int, "max_tokens cap when degrading"),
     "--shed-status": ("degrade", "shed_status", int, "429 or 503"),
     "--shed-retry-after": ("degrade", "retry_after_s", float, "Retry-After of a shed request"),
+    "--otlp-traces-endpoint": (None, "otlp_traces_endpoint", str,
+                               "OpenTelemetry collector for spans over OTLP/HTTP, e.g. "
+                               "http://127.0.0.1:4318 "
+                               "(default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)"),
 }  # fmt: skip
 
 
@@ -142,7 +147,10 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         overrides.setdefault("degrade", {})["action"] = args.degrade
     if args.log_requests:
         overrides["log_requests"] = True
-    return config_from_mapping(_merge(data, overrides))
+    merged = _merge(data, overrides)
+    if "otlp_traces_endpoint" not in merged and (endpoint := endpoint_from_env()):
+        merged["otlp_traces_endpoint"] = endpoint
+    return config_from_mapping(merged)
 
 
 def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import urlsplit
 
+from surge.observability.tracing import TracingConfig
+
 
 class Policy(StrEnum):
     """Routing policies; the values are what `--policy` and config files accept."""
@@ -207,9 +209,11 @@ class GatewayConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     limits: LimitConfig = field(default_factory=LimitConfig)
     degrade: DegradeConfig = field(default_factory=DegradeConfig)
+    otlp_traces_endpoint: str | None = None  # OpenTelemetry spans over OTLP/HTTP; None: off
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", Policy(self.policy))
+        self.tracing  # noqa: B018 (validates the endpoint)
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if not self.upstreams and self.upstreams_file is None:
@@ -229,3 +233,11 @@ class GatewayConfig:
             and self.upstreams_file is None
         ):
             raise ValueError("degrade.action=fallback needs fallback_upstreams")
+
+    @property
+    def tracing(self) -> TracingConfig:
+        return TracingConfig(
+            otlp_endpoint=self.otlp_traces_endpoint,
+            service_name="surge-gateway",
+            instance_id=f"{self.host}:{self.port}",
+        )

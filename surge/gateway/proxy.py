@@ -27,6 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.responses import Response
 
 from surge.gateway.balancers import Balancer
@@ -43,6 +46,7 @@ from surge.gateway.metrics import GatewayMetrics
 from surge.gateway.retry import RetryBudget, backoff_s, parse_retry_after, retry_after_header
 from surge.gateway.streaming import RelayStream
 from surge.gateway.upstreams import PRIMARY, RouteKey, Upstream, UpstreamPool
+from surge.observability.tracing import TRACE_HEADERS, Tracing, inject
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +60,16 @@ _DROP_RESPONSE = frozenset({
     "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
     "date", "server",
 })  # fmt: skip
+_TRACE = frozenset(TRACE_HEADERS)
 MAX_THROTTLE_S = 60.0  # never park an upstream longer than this on its own Retry-After
 
 
-def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
+def forward_headers(headers: Mapping[str, str], tracing: bool = False) -> dict[str, str]:
     """The client's headers for the upstream (authorization, x-surge-tenant, x-surge-priority
-    and the rest), minus hop-by-hop ones."""
-    return {k: v for k, v in headers.items() if k.lower() not in _DROP_REQUEST}
+    and the rest), minus hop-by-hop ones. Tracing, each attempt sends its own `traceparent`
+    instead of the client's; otherwise the client's passes through untouched."""
+    drop = _DROP_REQUEST | _TRACE if tracing else _DROP_REQUEST
+    return {k: v for k, v in headers.items() if k.lower() not in drop}
 
 
 @dataclass(slots=True)
@@ -77,6 +84,7 @@ class ProxyRequest:
     extra_headers: dict[str, str] = field(default_factory=dict)  # added to the answer
     arrival_s: float = 0.0  # perf_counter() when the gateway got it (overhead metric)
     queued_s: float = 0.0  # time spent waiting for a concurrency slot
+    trace_context: Context | None = None  # the gateway's span of this request, when tracing
 
 
 @dataclass(slots=True)
@@ -89,10 +97,11 @@ class _Attempt:
 
 
 class Lease:
-    """One attempt's hold on an upstream (in-flight count, breaker permit), released once."""
+    """One attempt's hold on an upstream (in-flight count, breaker permit) and its span,
+    released once."""
 
-    def __init__(self, proxy: Proxy, up: Upstream, permit: Permit) -> None:
-        self._proxy, self.up, self._permit = proxy, up, permit
+    def __init__(self, proxy: Proxy, up: Upstream, permit: Permit, span: trace.Span) -> None:
+        self._proxy, self.up, self._permit, self.span = proxy, up, permit, span
         self.start_s = proxy.clock()
         self._done = False
         up.in_flight += 1
@@ -119,6 +128,12 @@ class Lease:
             m.upstream_errors.labels(up.url, kind).inc()
         m.upstream_requests.labels(up.url, outcome or "cancelled").inc()
         m.upstream_latency.labels(up.url, "total").observe(now_s - self.start_s)
+        self.span.set_attribute("surge.outcome", outcome or "cancelled")
+        if kind:
+            self.span.set_attribute("error.type", kind)
+            if outcome is Outcome.FAILURE:
+                self.span.set_status(Status(StatusCode.ERROR, kind))
+        self.span.end()
 
 
 class Proxy:
@@ -130,8 +145,10 @@ class Proxy:
         client: httpx.AsyncClient,
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.monotonic,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
+        self.tracing = tracing or Tracing.off()
         self.pool = pool
         self.balancers = balancers
         self.client = client
@@ -211,9 +228,12 @@ class Proxy:
         self, up: Upstream, permit: Permit, req: ProxyRequest, deadline_s: float, first: bool
     ) -> Response | _Attempt:
         timeouts = self.config.timeouts
-        lease = Lease(self, up, permit)
+        lease = Lease(self, up, permit, self._attempt_span(up, req, first))
+        headers = req.headers
+        if self.tracing.enabled:
+            headers = {**headers, **inject(lease.span)}
         request = self.client.build_request(
-            req.method, up.url + req.path, headers=req.headers, content=req.body
+            req.method, up.url + req.path, headers=headers, content=req.body
         )
         head_s = deadline_s - self.clock()
         if req.stream:
@@ -251,6 +271,7 @@ class Proxy:
             lease.finish(None)  # cancelled: the client went away
             raise
         ready_s = time.perf_counter()
+        lease.span.set_attribute("http.response.status_code", resp.status_code)
         m = self.metrics
         m.upstream_latency.labels(up.url, "first_byte").observe(ready_s - sent_s)
         headers = self._response_headers(resp, up, req)
@@ -273,6 +294,23 @@ class Proxy:
             up.throttled_until_s = self.clock() + min(retry_after_s, MAX_THROTTLE_S)
         return _Attempt(outcome, response=response, kind=kind or f"http_{resp.status_code}",
                         retry_after_s=retry_after_s)  # fmt: skip
+
+    def _attempt_span(self, up: Upstream, req: ProxyRequest, first: bool) -> trace.Span:
+        if not self.tracing.enabled:
+            return trace.INVALID_SPAN
+        path = req.path.split("?", 1)[0]
+        return self.tracing.tracer.start_span(
+            f"upstream {req.method} {path}",
+            context=req.trace_context,
+            kind=SpanKind.CLIENT,
+            attributes={
+                "http.request.method": req.method,
+                "url.full": up.url + req.path,
+                "surge.upstream": up.url,
+                "surge.upstream.group": up.group,
+                "surge.retry": not first,
+            },
+        )
 
     def _response_headers(
         self, resp: httpx.Response, up: Upstream, req: ProxyRequest

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from surge.batching.config import BatcherConfig
+from surge.observability.tracing import TracingConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class ServerConfig:
     embedding_model: str | None = None
     embedding_model_name: str | None = None
     embedding_batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)  # OTLP spans; off by default
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

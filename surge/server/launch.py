@@ -22,6 +22,7 @@ from surge.models.weights import open_model
 from surge.observability.embedding_metrics import EmbeddingMetrics
 from surge.observability.metrics import ServerMetrics
 from surge.observability.resources import ResourceMonitor
+from surge.observability.tracing import Tracing
 from surge.server.app import build_app
 from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
@@ -106,7 +107,8 @@ async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int
     ResourceMonitor().register(metrics.registry)
     metrics.set_health(True)
     embeddings = _load_embeddings(server_config, metrics)
-    state = ServerState.create(server_config, client, metrics, embeddings)
+    tracing = Tracing.start(server_config.tracing)
+    state = ServerState.create(server_config, client, metrics, embeddings, tracing)
     app = build_app(state)
     uv_config = uvicorn.Config(
         app,
@@ -133,4 +135,5 @@ async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int
         if embeddings is not None:
             await embeddings.close()
         await client.shutdown()
+        tracing.shutdown()
     return 1 if engine_dead else 0

@@ -16,10 +16,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from fastapi import Request
+from opentelemetry.context import Context
 from starlette.responses import StreamingResponse
 
 from surge.engine.client import EngineDeadError, EngineRequestError, RequestAbortedError
 from surge.engine.output_processor import SequenceDelta
+from surge.observability import tracing
 from surge.sampling_params import SamplingParams
 from surge.server.admission import Admission
 from surge.server.errors import (
@@ -31,6 +33,7 @@ from surge.server.errors import (
 )
 from surge.server.generation import Event, RequestTiming, choice_index, generate_merged
 from surge.server.protocol_responses import SSE_DONE, UsageInfo
+from surge.server.request_span import record_request_span
 from surge.server.state import ServerState
 from surge.server.tenancy import resolve_priority, resolve_tenant
 
@@ -63,6 +66,9 @@ class Job:
     cache_salt: str | None = None
     choices: list[Choice] = field(default_factory=list)
     finish_reason: str = "abort"
+    operation: str = "text_completion"  # OpenTelemetry's gen_ai.operation.name: or "chat"
+    trace_context: Context | None = None  # the caller's trace (traceparent), when tracing
+    error: str | None = None  # why it failed (timeout, engine error), for its span
 
     def events(self) -> AsyncIterator[Event]:
         return generate_merged(
@@ -128,6 +134,7 @@ class Job:
             tenant=self.tenant,
             priority=self.priority,
         )
+        record_request_span(self, now)
 
 
 def start_job(
@@ -140,6 +147,7 @@ def start_job(
     user: str | None,
     priority: int | None,
     cache_salt: str | None,
+    operation: str = "text_completion",
 ) -> Job:
     """Admit (or raise 429/503) and describe the job; nothing runs until it is consumed.
 
@@ -168,6 +176,8 @@ def start_job(
         priority=priority,
         cache_salt=cache_salt,
         choices=[Choice() for _ in range(len(prompts) * params.n)],
+        operation=operation,
+        trace_context=tracing.extract(request.headers) if state.tracing.enabled else None,
     )
     return job
 
@@ -216,7 +226,9 @@ async def run_to_completion(job: Job, request: Request) -> bool:
         if exc is not None:
             if isinstance(exc, TimeoutError):
                 job.state.metrics.observe_abort("timeout")
-            raise _map_engine_error(exc)
+            err = _map_engine_error(exc)
+            job.error = str(err.code or err.type)
+            raise err
         return True
     finally:
         watcher.cancel()
@@ -256,6 +268,7 @@ def stream_response(
             if isinstance(e, TimeoutError):
                 job.state.metrics.observe_abort("timeout")
             err = _map_engine_error(e)
+            job.error = str(err.code or err.type)
             yield f"data: {json.dumps(error_body(err))}\n\n"
         finally:
             await events.aclose()  # type: ignore[attr-defined]

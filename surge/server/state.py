@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
 from surge.engine.client import AsyncEngineClient
 from surge.models.tokenizer import Tokenizer
 from surge.observability.metrics import ServerMetrics
+from surge.observability.tracing import Tracing
 from surge.server.admission import Admission, AdmissionController
 from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
@@ -26,6 +27,7 @@ class ServerState:
     limiter: RateLimiter
     started_s: float
     embeddings: EmbeddingService | None = None
+    tracing: Tracing = field(default_factory=Tracing.off)
 
     @classmethod
     def create(
@@ -34,6 +36,7 @@ class ServerState:
         client: AsyncEngineClient,
         metrics: ServerMetrics,
         embeddings: EmbeddingService | None = None,
+        tracing: Tracing | None = None,
     ) -> ServerState:
         return cls(
             config=config,
@@ -47,6 +50,7 @@ class ServerState:
             limiter=RateLimiter(config.requests_per_minute, config.tokens_per_minute),
             started_s=time.monotonic(),
             embeddings=embeddings,
+            tracing=tracing or Tracing.off(),
         )
 
     @property

@@ -59,7 +59,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     job = start_job(
         state, request, [prompt], params, request_id=body.request_id, user=body.user,
         priority=body.priority if "priority" in body.model_fields_set else None,
-        cache_salt=body.cache_salt,
+        cache_salt=body.cache_salt, operation="chat",
     )  # fmt: skip
     model = body.model or state.config.served_model_name
     if body.stream:

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from surge.server.embeddings import EmbeddingService
 from surge.server.errors import (
     BadRequestError,
     NotFoundError,
     RateLimitError,
     RequestTimeoutError,
+    SurgeHTTPError,
 )
 from surge.server.protocol_embeddings import MAX_INPUTS, EmbeddingRequest, embedding_response
+from surge.server.request_span import record_embedding_span
 from surge.server.serving import wait_disconnect
 from surge.server.state import client_key, get_state
 
@@ -45,6 +49,26 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
         )
     token_ids = service.prepare(inputs, body.truncate_prompt_tokens)
     num_tokens = sum(len(ids) for ids in token_ids)
+    arrival_s = getattr(request.state, "arrival_s", time.monotonic())
+    error: str | None = None
+    try:
+        return await _embed(request, service, token_ids, num_tokens, body.encoding_format)
+    except SurgeHTTPError as e:
+        error = str(e.code or e.type)
+        raise
+    finally:
+        record_embedding_span(state, request.headers, arrival_s, service.name, len(inputs),
+                              num_tokens, error)  # fmt: skip
+
+
+async def _embed(
+    request: Request,
+    service: EmbeddingService,
+    token_ids: list[list[int]],
+    num_tokens: int,
+    encoding_format: str,
+) -> Response:
+    state = get_state(request)
     state.check_embedding_request(client_key(request), num_tokens)
     work = asyncio.create_task(service.embed(token_ids))
     watcher = asyncio.create_task(wait_disconnect(request))
@@ -69,4 +93,4 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
     if exc is not None:
         raise exc
     vectors = work.result()
-    return JSONResponse(embedding_response(vectors, service.name, body.encoding_format, num_tokens))
+    return JSONResponse(embedding_response(vectors, service.name, encoding_format, num_tokens))

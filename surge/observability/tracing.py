@@ -1,0 +1,132 @@
+"""OpenTelemetry traces, exported over OTLP/HTTP; off unless an endpoint is given.
+
+One span per request in each process it crosses, joined by W3C `traceparent` headers:
+
+    client ──traceparent──▶ gateway "POST /v1/chat/completions" (SERVER)
+                              └ "upstream POST /v1/chat/completions" (CLIENT, one per attempt)
+                                  ──traceparent──▶ server "llm_request" (SERVER)
+
+Off, every call is a no-op of the OpenTelemetry API (which FastAPI already depends on); the SDK
+and the exporter (`pip install 'surge[tracing]'`) are imported only when tracing is switched on.
+Each process keeps its own tracer provider instead of the global one, so tests and embedders can
+run a gateway and a server in one process without their spans mixing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+log = logging.getLogger(__name__)
+
+TRACE_HEADERS = ("traceparent", "tracestate")
+OTLP_TRACES_PATH = "/v1/traces"
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+@dataclass(frozen=True, slots=True)
+class TracingConfig:
+    # OTLP/HTTP collector: a base URL gets OTLP's /v1/traces appended; None: tracing off.
+    otlp_endpoint: str | None = None
+    service_name: str = "surge"  # OTEL_SERVICE_NAME overrides it, as OpenTelemetry's SDKs do
+    instance_id: str = ""  # service.instance.id: which replica (host:port) made the span
+
+    def __post_init__(self) -> None:
+        if self.otlp_endpoint is not None:
+            parts = urlsplit(self.otlp_endpoint)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ValueError(
+                    f"otlp endpoint must be an http(s) URL, got {self.otlp_endpoint!r}"
+                )
+
+    @property
+    def traces_url(self) -> str | None:
+        if self.otlp_endpoint is None:
+            return None
+        parts = urlsplit(self.otlp_endpoint)
+        if parts.path in ("", "/"):
+            return self.otlp_endpoint.rstrip("/") + OTLP_TRACES_PATH
+        return self.otlp_endpoint
+
+
+def endpoint_from_env() -> str | None:
+    """The default for `--otlp-traces-endpoint`: OpenTelemetry's own variables."""
+    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces:
+        return traces
+    return os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
+
+
+class Tracing:
+    """A tracer and what it takes to continue and pass on a trace; `Tracing.off()` does nothing."""
+
+    def __init__(self, tracer: trace.Tracer, provider: object | None = None) -> None:
+        self.tracer = tracer
+        self._provider = provider  # the SDK's TracerProvider, flushed on shutdown
+
+    @classmethod
+    def off(cls) -> Tracing:
+        return cls(trace.NoOpTracer())
+
+    @classmethod
+    def start(cls, config: TracingConfig) -> Tracing:
+        """Export spans to `config.otlp_endpoint` in batches, in a background thread."""
+        url = config.traces_url
+        if url is None:
+            return cls.off()
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError as e:
+            raise RuntimeError(
+                "tracing needs the OpenTelemetry SDK and OTLP exporter: "
+                "pip install 'surge[tracing]'"
+            ) from e
+        attributes = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or config.service_name}
+        if config.instance_id:
+            attributes["service.instance.id"] = config.instance_id
+        # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), default parent-based always-on;
+        # batching from OTEL_BSP_* (a span leaves within 5 s by default).
+        provider = TracerProvider(resource=Resource.create(attributes))
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
+        log.info("tracing: OTLP/HTTP spans to %s as %s", url, attributes["service.name"])
+        return cls(provider.get_tracer("surge"), provider)
+
+    @property
+    def enabled(self) -> bool:
+        return self._provider is not None
+
+    def shutdown(self) -> None:
+        """Send what is still batched; call once, on the way out."""
+        if self._provider is not None:
+            self._provider.shutdown()  # type: ignore[attr-defined]
+            self._provider = None
+
+
+def extract(headers: Mapping[str, str]) -> Context:
+    """The caller's trace (its `traceparent`), or an empty context that starts a new one."""
+    return _PROPAGATOR.extract(carrier=headers)
+
+
+def inject(span: trace.Span) -> dict[str, str]:
+    """Headers that make the receiver's spans children of `span` (none for a no-op span)."""
+    carrier: dict[str, str] = {}
+    if span.get_span_context().is_valid:
+        _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
+def wall_ns(monotonic_s: float, now_monotonic_s: float | None = None) -> int:
+    """A `time.monotonic()` reading as the epoch nanoseconds spans are stamped in."""
+    now_m = time.monotonic() if now_monotonic_s is None else now_monotonic_s
+    return time.time_ns() - round((now_m - monotonic_s) * 1e9)
