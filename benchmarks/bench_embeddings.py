@@ -96,13 +96,16 @@ class KeepAliveConnection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def post_json(self, path: str, body: dict[str, object]) -> tuple[int, bytes]:
+    async def post_json(
+        self, path: str, body: dict[str, object], headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
         payload = json.dumps(body).encode()
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{extra}"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
         )
         self.writer.write(head.encode() + payload)
