@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from surge.structured_output import StructuredOutput
+
 # Temperatures below this are treated as greedy (as vLLM does): dividing logits by a near-zero
 # temperature overflows float32 to inf and turns the softmax into NaN.
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -72,6 +74,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; 0..20: sampled token's logprob + that many top ones
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured: StructuredOutput | None = None  # the text must match this (JSON schema, regex...)
 
     def __post_init__(self) -> None:
         if _check_int("n", self.n) < 1:
@@ -108,6 +111,8 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutput):
+            raise ValueError(f"structured must be a StructuredOutput, got {self.structured!r}")
         # Frozen dataclass: normalising needs object.__setattr__.
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
         object.__setattr__(self, "stop_token_ids", _normalise_stop_token_ids(self.stop_token_ids))

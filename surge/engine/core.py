@@ -12,6 +12,7 @@ import time
 
 from surge.engine.block_manager import BlockManager
 from surge.engine.config import EngineConfig
+from surge.engine.grammar import GrammarCompiler
 from surge.engine.kv_cache import KVCachePlan
 from surge.engine.loader import load_model
 from surge.engine.model_runner import ModelRunner
@@ -44,6 +45,7 @@ class EngineCore:
         cache = config.cache
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
         sampler = Sampler(self.eos_token_ids, seed=config.model.seed)
+        self.grammars = GrammarCompiler(self.tokenizer, files.spec.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(
             self.model,
             loaded.kv_caches,
@@ -99,6 +101,9 @@ class EngineCore:
             tenant=creq.tenant,
             cache_salt=(creq.cache_salt or "").encode(),
             share_prompt_with=creq.share_prompt_with,
+            grammar=(
+                self.grammars.matcher(creq.params.structured) if creq.params.structured else None
+            ),
         )
         self.scheduler.add(req)
 
@@ -123,6 +128,8 @@ class EngineCore:
         for req in advanced:
             self._generation_tokens += 1
             reason = req.stop_reason(self.eos_token_ids)
+            if reason is None and req.grammar is not None and _grammar_done(req):
+                reason = FinishReason.STOP
             if reason is not None:
                 self.scheduler.finish(req.req_id, reason)
             first = req.num_output_tokens == 1
@@ -160,3 +167,13 @@ class EngineCore:
             iteration_tokens=iteration_tokens,
             tenant_tokens=dict(sched.tenant_tokens),
         )
+
+
+def _grammar_done(req: Request) -> bool:
+    """Feed the new token to the request's matcher: True once the grammar is complete (only EOS
+    could follow) or the matcher failed, which the mask should make impossible."""
+    matcher = req.grammar
+    if not matcher.consume_token(req.output_token_ids[-1]):
+        log.error("request %s: grammar matcher failed: %s", req.req_id, matcher.get_error())
+        return True
+    return bool(matcher.is_stopped())

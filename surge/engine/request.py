@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from surge.engine.block_hash import extend_block_hashes
 from surge.sampling_params import SamplingParams
@@ -48,6 +49,7 @@ class Request:
         tenant: str = "",
         cache_salt: bytes = b"",
         share_prompt_with: str | None = None,
+        grammar: Any = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
@@ -61,6 +63,7 @@ class Request:
         self.tenant = tenant
         self.cache_salt = cache_salt
         self.share_prompt_with = share_prompt_with  # a sibling (n > 1) whose prompt KV we reuse
+        self.grammar = grammar  # an llguidance matcher (structured output), fed every token
         self.block_size = block_size
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []

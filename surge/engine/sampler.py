@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from surge.engine.grammar import allowed_tokens, mask_logits
 from surge.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -27,6 +29,7 @@ class SamplingRow:
     seed: int  # effective seed (the engine picks a random one when params.seed is None)
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]  # tokens generated so far by this request
+    grammar: Any = None  # an llguidance matcher: only tokens it allows may be picked
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +269,12 @@ class Sampler:
                 f"logits must have shape [len(rows)={len(rows)}, vocab], got {list(logits.shape)}"
             )
         num_rows = len(rows)
+        constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
+        allowed = (
+            allowed_tokens([rows[i].grammar for i in constrained], logits.shape[1])
+            if constrained
+            else None
+        )
         if all(
             r.params.is_greedy
             and r.params.logprobs is None
@@ -274,6 +283,8 @@ class Sampler:
             for r in rows
         ):
             # Fast path: argmax is the same in any float dtype, no softmax needed.
+            if allowed is not None:
+                logits = mask_logits(logits, constrained, allowed)
             return SamplerOutput(
                 token_ids=row_argmax(logits).tolist(),
                 logprobs=[None] * num_rows,
@@ -281,6 +292,8 @@ class Sampler:
             )
         raw = logits.float()  # [num_rows, vocab]
         processed = process_logits(raw, rows, self.eos_token_ids)
+        if allowed is not None:  # after the penalties; logprobs still report the raw model
+            processed = mask_logits(processed, constrained, allowed)
         sampled = row_argmax(processed)  # [num_rows]; random rows overwritten below
         random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         if random_rows:

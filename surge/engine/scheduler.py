@@ -200,7 +200,9 @@ class Scheduler:
         end = start + num_new
         sampling = None
         if end == req.num_tokens:
-            sampling = SamplingRow(req.params, req.seed, req.prompt_token_ids, req.output_token_ids)
+            sampling = SamplingRow(
+                req.params, req.seed, req.prompt_token_ids, req.output_token_ids, req.grammar
+            )
         return ScheduledRequest(
             req_id=req.req_id,
             token_ids=tuple(req.all_token_ids[start:end]),

@@ -1,0 +1,80 @@
+"""Structured output: what a request's text must match (a JSON schema, any JSON object, a regex,
+one of fixed choices, or a Lark grammar), compiled to an llguidance grammar.
+
+The API process builds and validates the grammar when the request arrives (a bad schema is a
+400 before anything runs); the engine turns it into a matcher that masks each step's logits to
+the tokens that keep the text inside the grammar (`surge/engine/grammar.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# JSON as json.dumps writes it: free whitespace lets a model (a small one readily) pad its answer
+# with newlines and spaces until max_tokens, which a user sees as a hang and truncated JSON. A
+# schema's own "x-guidance" options still take precedence over these.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+MAX_SPEC_CHARS = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """`kind` and its `spec`: a JSON schema as JSON text (json), nothing (json_object), a regex,
+    a JSON list of strings (choice), or a Lark grammar (grammar)."""
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"structured output kind must be one of {KINDS}, got {self.kind!r}")
+        if len(self.spec) > MAX_SPEC_CHARS:
+            raise ValueError(f"structured output spec is over {MAX_SPEC_CHARS} characters")
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | str) -> StructuredOutput:
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        return cls("json", text)
+
+    @classmethod
+    def choice(cls, choices: list[str]) -> StructuredOutput:
+        if not choices or not all(isinstance(c, str) and c for c in choices):
+            raise ValueError("choice must be a non-empty list of non-empty strings")
+        return cls("choice", json.dumps(choices))
+
+    def grammar(self) -> str:
+        """The llguidance grammar (validated); raises ValueError naming what is wrong."""
+        import llguidance as llg
+
+        matcher = llg.LLMatcher
+        try:
+            if self.kind == "json":
+                grammar = matcher.grammar_from_json_schema(self.spec, defaults=JSON_OPTIONS)
+            elif self.kind == "json_object":
+                grammar = matcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+            elif self.kind == "regex":
+                grammar = matcher.grammar_from_regex(self.spec)
+            elif self.kind == "choice":
+                choices = json.loads(self.spec)
+                grammar = matcher.grammar_from_regex("|".join(re.escape(c) for c in choices))
+            else:
+                grammar = matcher.grammar_from_lark(self.spec)
+        except ValueError as e:
+            raise ValueError(f"{self._what()} is not valid: {e}") from None
+        error = matcher.validate_grammar(grammar)
+        if error:
+            raise ValueError(f"{self._what()} is not valid: {error.strip()}")
+        return grammar
+
+    def _what(self) -> str:
+        return {
+            "json": "the JSON schema",
+            "json_object": "the JSON object grammar",
+            "regex": "the regex",
+            "choice": "the choices",
+            "grammar": "the grammar",
+        }[self.kind]

@@ -1,0 +1,137 @@
+"""Structured output in the engine, on a tiny random Llama: a model whose free choice is noise,
+so every well-formed answer below is the grammar's doing, in every sampling mode and schedule."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from surge.engine.grammar import GrammarCompiler, allowed_tokens, mask_logits
+from surge.engine.llm import LLM
+from surge.engine.sampler import Sampler, SamplingRow
+from surge.models.weights import open_model
+from surge.sampling_params import SamplingParams
+from surge.structured_output import StructuredOutput
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+PROMPTS = ["Hello", "Describe a person as JSON:", "1 2 3 4", "¿Qué tal?"]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir: Path) -> LLM:
+    return LLM(str(tiny_model_dir), dtype="float32", max_num_batched_tokens=32)
+
+
+def _texts(llm: LLM, params: SamplingParams, prompts: list[str] = PROMPTS) -> list[str]:
+    return [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_output_parses_and_follows_the_schema(llm: LLM, temperature: float) -> None:
+    params = SamplingParams(temperature=temperature, max_tokens=200, seed=7,
+                            structured=StructuredOutput.json_schema(SCHEMA))  # fmt: skip
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    for out in outs:
+        c = out.outputs[0]
+        value = json.loads(c.text)  # whole: the request ended when the grammar did
+        assert set(value) == {"name", "age", "tags"}
+        assert isinstance(value["name"], str) and len(value["name"]) <= 12
+        assert isinstance(value["age"], int) and 0 <= value["age"] <= 120
+        assert set(value["tags"]) <= {"a", "b", "c"} and len(value["tags"]) <= 3
+        assert c.finish_reason == "stop"
+
+
+def test_regex_and_choice(llm: LLM) -> None:
+    pattern = r"[A-Z]{2}-[0-9]{3}"
+    regex = SamplingParams(temperature=0.8, max_tokens=20, seed=1,
+                           structured=StructuredOutput("regex", pattern))  # fmt: skip
+    for text in _texts(llm, regex):
+        assert re.fullmatch(pattern, text), text
+    choices = ["positive", "negative", "neutral"]
+    choice = SamplingParams(temperature=1.0, max_tokens=20,
+                            structured=StructuredOutput.choice(choices))  # fmt: skip
+    assert all(t in choices for t in _texts(llm, choice))
+
+
+def test_lark_grammar_and_json_object(llm: LLM) -> None:
+    lark = 'start: "(" expr ")"\nexpr: NUMBER ("+" NUMBER)*\nNUMBER: /[0-9]{1,3}/'
+    params = SamplingParams(temperature=1.0, max_tokens=40, seed=3,
+                            structured=StructuredOutput("grammar", lark))  # fmt: skip
+    for text in _texts(llm, params):
+        assert re.fullmatch(r"\([0-9]{1,3}(\+[0-9]{1,3})*\)", text), text
+    obj = SamplingParams(
+        temperature=0.0, max_tokens=120, structured=StructuredOutput("json_object")
+    )
+    for out in llm.generate(PROMPTS, obj, use_tqdm=False):
+        if out.outputs[0].finish_reason == "stop":  # a random model may nest past max_tokens
+            assert isinstance(json.loads(out.outputs[0].text), dict)
+        else:
+            assert out.outputs[0].text.startswith("{")
+
+
+def test_constrained_and_free_requests_share_a_batch(llm: LLM) -> None:
+    """The mask touches only its own rows: a free greedy request gives the same tokens with or
+    without constrained neighbours."""
+    free = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    alone = llm.generate(PROMPTS[:2], free, use_tqdm=False)
+    constrained = SamplingParams(temperature=0.0, max_tokens=16,
+                                 structured=StructuredOutput("regex", "[a-z ]+"))  # fmt: skip
+    mixed = llm.generate(PROMPTS[:2] * 2, [free, free, constrained, constrained], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in mixed[:2]] == [o.outputs[0].token_ids for o in alone]
+    for o in mixed[2:]:
+        assert re.fullmatch("[a-z ]+", o.outputs[0].text)
+
+
+def test_a_bad_grammar_is_refused(llm: LLM) -> None:
+    for bad in (
+        StructuredOutput("regex", "[a-"),
+        StructuredOutput("json", '{"type": "wat"}'),
+        StructuredOutput("json", "not json"),
+        StructuredOutput("grammar", "start: undefined_rule"),
+    ):
+        with pytest.raises(ValueError, match="not valid|structured"):
+            bad.grammar()
+    with pytest.raises(ValueError, match="regex is not valid"):  # the engine refuses it too
+        llm.generate(
+            ["Hi"], SamplingParams(structured=StructuredOutput("regex", "(")), use_tqdm=False
+        )
+    with pytest.raises(ValueError):
+        StructuredOutput("xml", "")
+    with pytest.raises(ValueError):
+        StructuredOutput.choice([])
+
+
+def test_the_mask_picks_the_best_allowed_token(tiny_model_dir: Path) -> None:
+    """Greedy under a mask = argmax over the allowed tokens; random draws stay inside it."""
+    tok = open_model(tiny_model_dir).tokenizer
+    vocab = 1000 if tok.backend.get_vocab_size() < 1000 else tok.backend.get_vocab_size()
+    compiler = GrammarCompiler(tok, vocab, tuple(tok.eos_token_ids))
+    matcher = compiler.matcher(StructuredOutput("regex", "(yes|no|maybe)"))
+    allowed = allowed_tokens([matcher], vocab)[0]
+    ids = allowed.nonzero().flatten().tolist()
+    assert ids and all(re.match("(y|n|m)", tok.decode([i])) for i in ids)
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0))
+    masked = mask_logits(logits, [1], allowed.unsqueeze(0))
+    assert torch.equal(masked[0], logits[0])  # the other row untouched
+    assert masked[1].argmax().item() == max(ids, key=lambda i: logits[1, i].item())
+    sampler = Sampler(tuple(tok.eos_token_ids), seed=0)
+    for temperature in (0.0, 1.5):
+        params = SamplingParams(temperature=temperature)
+        row = SamplingRow(
+            params, 5, [1], [], compiler.matcher(StructuredOutput("regex", "(yes|no|maybe)"))
+        )
+        picked = sampler(logits[1:].clone(), [row]).token_ids[0]
+        assert picked in ids
