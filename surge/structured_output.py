@@ -17,7 +17,7 @@ KINDS = ("json", "json_object", "regex", "choice", "grammar")
 # JSON as json.dumps writes it: free whitespace lets a model (a small one readily) pad its answer
 # with newlines and spaces until max_tokens, which a user sees as a hang and truncated JSON. A
 # schema's own "x-guidance" options still take precedence over these.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_SPEC_CHARS = 256 * 1024
 
 
@@ -55,7 +55,9 @@ class StructuredOutput:
             if self.kind == "json":
                 grammar = matcher.grammar_from_json_schema(self.spec, defaults=JSON_OPTIONS)
             elif self.kind == "json_object":
-                grammar = matcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+                grammar = matcher.grammar_from_json_schema(
+                    {"type": "object"}, defaults=JSON_OPTIONS
+                )
             elif self.kind == "regex":
                 grammar = matcher.grammar_from_regex(self.spec)
             elif self.kind == "choice":

@@ -24,9 +24,7 @@ if TYPE_CHECKING:
 class GrammarCompiler:
     """Matchers for one model's tokenizer; the tokenizer index is built on first use (~0.25 s)."""
 
-    def __init__(
-        self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: Sequence[int]
-    ) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._eos = list(eos_token_ids)

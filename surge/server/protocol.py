@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -27,6 +28,7 @@ from pydantic import (
 
 from surge.sampling_params import SamplingParams
 from surge.server.errors import BadRequestError
+from surge.structured_output import StructuredOutput
 
 MAX_N = 16  # choices per prompt; each one is a full sequence in the batch
 Role = Literal["system", "user", "assistant", "tool", "developer"]
@@ -102,6 +104,28 @@ def _non_empty_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
 _PARAM_RE = re.compile(r"^([a-z_]+) ")
 
 
+class JsonSchemaFormat(_Model):
+    name: StrictStr = "response"
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Model):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsParams(_Model):
+    """vLLM's `structured_outputs`: exactly one of these."""
+
+    json_: dict[str, Any] | StrictStr | None = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
+
+
 class _SamplingRequest(_Model):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI + vLLM extras)."""
 
@@ -137,6 +161,13 @@ class _SamplingRequest(_Model):
     priority: StrictInt = 0
     request_id: StrictStr | None = None
     cache_salt: StrictStr | None = None
+    # Structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* fields
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -163,11 +194,47 @@ class _SamplingRequest(_Model):
         """Whether a stream ends with a usage chunk (and every other chunk has usage: null)."""
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
+    def structured_output(self) -> StructuredOutput | None:
+        """What the output must match, validated; 400 naming the field otherwise."""
+        asked: list[tuple[str, Callable[[], StructuredOutput]]] = []
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            asked.append(("response_format", lambda: StructuredOutput("json_object")))
+        elif fmt is not None and fmt.type == "json_schema":
+            schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+            if schema is None:
+                raise BadRequestError(
+                    "response_format: type json_schema needs json_schema.schema",
+                    param="response_format",
+                )
+            asked.append(("response_format", lambda: StructuredOutput.json_schema(schema)))
+        so = self.structured_outputs
+        if so is not None:
+            asked += _vllm_structured("structured_outputs.", so.json_, so.regex, so.choice,
+                                      so.grammar, bool(so.json_object))  # fmt: skip
+        asked += _vllm_structured("guided_", self.guided_json, self.guided_regex,
+                                  self.guided_choice, self.guided_grammar, False)  # fmt: skip
+        if not asked:
+            return None
+        name = asked[-1][0]
+        if len(asked) > 1:
+            names = ", ".join(n for n, _ in asked)
+            raise BadRequestError(
+                f"{name}: give one structured output constraint, not several ({names})", param=name
+            )
+        try:
+            structured = asked[0][1]()
+            structured.grammar()
+        except ValueError as e:
+            raise BadRequestError(f"{name}: {e}", param=name) from None
+        return structured
+
     def _sampling_params(
         self, *, max_tokens: int | None, logprobs: int | None, renames: Mapping[str, str]
     ) -> SamplingParams:
         if not 1 <= self.n <= MAX_N:
             raise BadRequestError(f"n must be between 1 and {MAX_N}, got {self.n}", param="n")
+        structured = self.structured_output()
         try:
             return SamplingParams(
                 n=self.n,
@@ -189,9 +256,34 @@ class _SamplingRequest(_Model):
                 logprobs=logprobs,
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
+                structured=structured,
             )
         except ValueError as exc:
             raise _sampling_error(str(exc), renames) from exc
+
+
+def _vllm_structured(
+    prefix: str,
+    json_: dict[str, Any] | str | None,
+    regex: str | None,
+    choice: list[str] | None,
+    grammar: str | None,
+    json_object: bool,
+) -> list[tuple[str, Callable[[], StructuredOutput]]]:
+    """vLLM's forms, `structured_outputs.{json,regex,...}` or `guided_{json,regex,...}`: (the
+    field's name, how to build its constraint) for each one given."""
+    out: list[tuple[str, Callable[[], StructuredOutput]]] = []
+    if json_ is not None:
+        out.append((f"{prefix}json", lambda: StructuredOutput.json_schema(json_)))
+    if regex is not None:
+        out.append((f"{prefix}regex", lambda: StructuredOutput("regex", regex)))
+    if choice is not None:
+        out.append((f"{prefix}choice", lambda: StructuredOutput.choice(choice)))
+    if grammar is not None:
+        out.append((f"{prefix}grammar", lambda: StructuredOutput("grammar", grammar)))
+    if json_object:
+        out.append((f"{prefix}json_object", lambda: StructuredOutput("json_object")))
+    return out
 
 
 def _sampling_error(message: str, renames: Mapping[str, str]) -> BadRequestError:
@@ -251,17 +343,12 @@ class CompletionRequest(_SamplingRequest):
         return self._sampling_params(max_tokens=max_tokens, logprobs=self.logprobs, renames={})
 
 
-class ResponseFormat(_Model):
-    type: StrictStr
-
-
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage]
     max_tokens: StrictInt | None = None  # deprecated by OpenAI; max_completion_tokens wins
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
@@ -277,13 +364,6 @@ class ChatCompletionRequest(_SamplingRequest):
     def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and not info.data.get("logprobs", False):
             raise ValueError("top_logprobs is only allowed when logprobs is true")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
-        if value is not None and value.type != "text":
-            raise ValueError(f"response_format type {value.type!r} is not supported; use 'text'")
         return value
 
     @field_validator("tools", "functions")

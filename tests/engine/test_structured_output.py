@@ -135,3 +135,18 @@ def test_the_mask_picks_the_best_allowed_token(tiny_model_dir: Path) -> None:
         )
         picked = sampler(logits[1:].clone(), [row]).token_ids[0]
         assert picked in ids
+
+
+def test_preempted_requests_keep_their_grammar_state(tiny_model_dir: Path) -> None:
+    """A pool too small for all requests at once: some are preempted and recomputed midway,
+    and their matchers, fed every token once, still end them inside the grammar."""
+    llm = LLM(str(tiny_model_dir), dtype="float32", block_size=4, num_blocks=24,
+              max_num_batched_tokens=16)  # fmt: skip
+    pattern = r"([a-z]{3} ){6}[a-z]{3}"
+    params = SamplingParams(temperature=1.0, max_tokens=40, seed=11,
+                            structured=StructuredOutput("regex", pattern))  # fmt: skip
+    outs = llm.generate([f"Request {i}: " + "words " * 6 for i in range(6)], params, use_tqdm=False)
+    assert llm.engine.scheduler.num_preemptions > 0
+    for out in outs:
+        assert re.fullmatch(pattern, out.outputs[0].text), out.outputs[0].text
+        assert out.outputs[0].finish_reason == "stop"

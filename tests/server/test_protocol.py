@@ -88,7 +88,21 @@ async def test_valid_requests_and_unknown_fields_ignored() -> None:
         ("/v1/chat/completions", chat(logprobs=1), "logprobs"),
         ("/v1/chat/completions", chat(tools=[{"type": "function"}]), "tools"),
         ("/v1/chat/completions", chat(tool_choice="required"), "tool_choice"),
-        ("/v1/chat/completions", chat(response_format={"type": "json_object"}), None),
+        ("/v1/chat/completions", chat(response_format={"type": "xml"}), None),
+        ("/v1/chat/completions", chat(response_format={"type": "json_schema"}), "response_format"),
+        ("/v1/completions", completion(guided_regex="[a-"), "guided_regex"),
+        ("/v1/completions", completion(guided_json='{"type": "wat"}'), "guided_json"),
+        ("/v1/completions", completion(guided_choice=[]), "guided_choice"),
+        (
+            "/v1/completions",
+            completion(structured_outputs={"grammar": "start: x"}),
+            "structured_outputs.grammar",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(response_format={"type": "json_object"}, guided_regex="[0-9]+"),
+            "guided_regex",
+        ),
     ],
 )
 async def test_wrong_types_and_shapes_are_400(
@@ -106,9 +120,11 @@ async def test_wrong_types_and_shapes_are_400(
 async def test_bad_role_and_response_format_messages() -> None:
     resp = await post("/v1/chat/completions", chat(messages=[{"role": "robot", "content": "x"}]))
     assert resp.json()["error"]["param"] == "messages.0.role"
-    resp = await post("/v1/chat/completions", chat(response_format={"type": "json_object"}))
+    resp = await post("/v1/completions", completion(guided_regex="[a-"))
     err = resp.json()["error"]
-    assert err["param"] == "response_format" and "'json_object' is not supported" in err["message"]
+    assert (
+        "the regex is not valid" in err["message"] and "unclosed character class" in err["message"]
+    )
     resp = await post("/v1/chat/completions", chat(tools=[{"type": "function"}]))
     assert resp.json()["error"]["message"] == "tools: tools are not supported by this server"
 
@@ -368,3 +384,39 @@ def test_model_list_and_tokenize_responses() -> None:
         "max_model_len": 8,
         "tokens": [1, 2],
     }
+
+
+@pytest.mark.parametrize(
+    ("fields", "kind", "spec"),
+    [
+        ({"response_format": {"type": "text"}}, None, None),
+        ({"response_format": {"type": "json_object"}}, "json_object", ""),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "p", "schema": {"type": "integer"}},
+                }
+            },
+            "json",
+            '{"type": "integer"}',
+        ),
+        ({"guided_json": {"type": "string"}}, "json", '{"type": "string"}'),
+        ({"guided_regex": "[0-9]+"}, "regex", "[0-9]+"),
+        ({"guided_choice": ["yes", "no"]}, "choice", '["yes", "no"]'),
+        ({"guided_grammar": 'start: "a"+'}, "grammar", 'start: "a"+'),
+        ({"structured_outputs": {"json": {"type": "string"}}}, "json", '{"type": "string"}'),
+        ({"structured_outputs": {"choice": ["x"]}}, "choice", '["x"]'),
+        ({"structured_outputs": {"json_object": True}}, "json_object", ""),
+    ],
+)
+def test_structured_output_forms(
+    fields: dict[str, Any], kind: str | None, spec: str | None
+) -> None:
+    for req in (ChatCompletionRequest.model_validate(chat(**fields)),
+                CompletionRequest.model_validate(completion(**fields))):  # fmt: skip
+        structured = req.to_sampling_params(default_max_tokens=10).structured
+        if kind is None:
+            assert structured is None
+        else:
+            assert structured is not None and (structured.kind, structured.spec) == (kind, spec)
