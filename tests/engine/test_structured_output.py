@@ -102,7 +102,7 @@ def test_a_bad_grammar_is_refused(llm: LLM) -> None:
         StructuredOutput("json", "not json"),
         StructuredOutput("grammar", "start: undefined_rule"),
     ):
-        with pytest.raises(ValueError, match="not valid|structured"):
+        with pytest.raises(ValueError, match=r"not valid|structured"):
             bad.grammar()
     with pytest.raises(ValueError, match="regex is not valid"):  # the engine refuses it too
         llm.generate(
