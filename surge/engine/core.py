@@ -44,7 +44,13 @@ class EngineCore:
         self.max_model_len = loaded.max_model_len
         cache = config.cache
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
-        sampler = Sampler(self.eos_token_ids, seed=config.model.seed)
+        device = loaded.precision.device
+        use_kernels = config.model.use_kernels and device.type == "cpu"
+        if use_kernels:
+            from surge.models.kernels import load_token_mask
+
+            load_token_mask()  # built now, if need be, not at the first structured request
+        sampler = Sampler(self.eos_token_ids, seed=config.model.seed, use_kernels=use_kernels)
         self.grammars = GrammarCompiler(self.tokenizer, files.spec.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(
             self.model,

@@ -49,21 +49,34 @@ class GrammarCompiler:
         return m
 
 
-def allowed_tokens(matchers: Sequence[llguidance.LLMatcher], vocab: int) -> torch.Tensor:
-    """[len(matchers), vocab] bool on the CPU: which tokens each matcher allows next."""
+def token_bitmask(matchers: Sequence[llguidance.LLMatcher], vocab: int) -> torch.Tensor:
+    """[len(matchers), ceil(vocab / 32)] int32 on the CPU: bit j of word w set when token
+    32 * w + j may come next."""
     words = (vocab + 31) // 32
-    bits = torch.zeros(len(matchers), words, dtype=torch.int32)
+    bits = torch.empty(len(matchers), words, dtype=torch.int32)
     for i, m in enumerate(matchers):
-        row = bits[i]
-        m.unsafe_compute_mask_ptr(row.data_ptr(), words * 4)
-    shifts = torch.arange(32, dtype=torch.int32)
-    unpacked = (bits.unsqueeze(-1) >> shifts) & 1  # [m, words, 32]; bit j of word w: token 32w+j
-    return unpacked.view(len(matchers), words * 32)[:, :vocab].bool()
+        m.unsafe_compute_mask_ptr(bits[i].data_ptr(), words * 4)
+    return bits
 
 
-def mask_logits(logits: torch.Tensor, rows: Sequence[int], allowed: torch.Tensor) -> torch.Tensor:
-    """`logits` with every token that `allowed` forbids in `rows` set to -inf (a new tensor)."""
+def unpack_bitmask(bits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The bitmask as [rows, vocab] bool: which tokens each row allows."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bits.device)
+    unpacked = (bits.unsqueeze(-1) >> shifts) & 1  # [rows, words, 32]
+    return unpacked.view(bits.shape[0], -1)[:, :vocab].bool()
+
+
+def apply_token_bitmask_(
+    logits: torch.Tensor, rows: Sequence[int], bits: torch.Tensor, use_kernel: bool = True
+) -> None:
+    """Set to -inf, in place, every logit of `rows` that its row of `bits` forbids."""
+    if use_kernel and logits.device.type == "cpu" and logits.is_contiguous():
+        from surge.models.kernels import load_token_mask
+
+        if load_token_mask() is not None:
+            index = torch.tensor(rows, dtype=torch.int64)
+            torch.ops.surge.apply_token_bitmask_(logits, bits, index)
+            return
     idx = torch.tensor(rows, device=logits.device)
-    out = logits.clone()
-    out[idx] = logits[idx].masked_fill(~allowed.to(logits.device), float("-inf"))
-    return out
+    allowed = unpack_bitmask(bits.to(logits.device), logits.shape[1])
+    logits[idx] = logits[idx].masked_fill(~allowed, float("-inf"))

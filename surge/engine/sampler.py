@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from surge.engine.grammar import allowed_tokens, mask_logits
+from surge.engine.grammar import apply_token_bitmask_, token_bitmask
 from surge.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -246,8 +246,11 @@ def row_argmax(x: torch.Tensor, chunk: int = 64) -> torch.Tensor:
 class Sampler:
     """Picks one token per row of logits; stateless apart from the EOS ids."""
 
-    def __init__(self, eos_token_ids: Sequence[int], seed: int | None = None) -> None:
+    def __init__(
+        self, eos_token_ids: Sequence[int], seed: int | None = None, use_kernels: bool = True
+    ) -> None:
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
+        self.use_kernels = use_kernels  # the compiled logit mask of structured output
         # Shared generator for requests without a seed of their own (None: per-row generators
         # from the engine-chosen seeds for every row).
         self._seed = seed
@@ -270,8 +273,8 @@ class Sampler:
             )
         num_rows = len(rows)
         constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
-        allowed = (
-            allowed_tokens([rows[i].grammar for i in constrained], logits.shape[1])
+        bits = (
+            token_bitmask([rows[i].grammar for i in constrained], logits.shape[1])
             if constrained
             else None
         )
@@ -283,8 +286,8 @@ class Sampler:
             for r in rows
         ):
             # Fast path: argmax is the same in any float dtype, no softmax needed.
-            if allowed is not None:
-                logits = mask_logits(logits, constrained, allowed)
+            if bits is not None:  # the step's logits are ours to change
+                apply_token_bitmask_(logits, constrained, bits, self.use_kernels)
             return SamplerOutput(
                 token_ids=row_argmax(logits).tolist(),
                 logprobs=[None] * num_rows,
@@ -292,8 +295,10 @@ class Sampler:
             )
         raw = logits.float()  # [num_rows, vocab]
         processed = process_logits(raw, rows, self.eos_token_ids)
-        if allowed is not None:  # after the penalties; logprobs still report the raw model
-            processed = mask_logits(processed, constrained, allowed)
+        if bits is not None:  # after the penalties; logprobs still report the raw model
+            if processed.data_ptr() == raw.data_ptr():
+                processed = processed.clone()
+            apply_token_bitmask_(processed, constrained, bits, self.use_kernels)
         sampled = row_argmax(processed)  # [num_rows]; random rows overwritten below
         random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         if random_rows:

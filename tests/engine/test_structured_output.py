@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from surge.engine.grammar import GrammarCompiler, allowed_tokens, mask_logits
+from surge.engine.grammar import (
+    GrammarCompiler,
+    apply_token_bitmask_,
+    token_bitmask,
+    unpack_bitmask,
+)
 from surge.engine.llm import LLM
 from surge.engine.sampler import Sampler, SamplingRow
 from surge.models.weights import open_model
@@ -114,26 +119,34 @@ def test_a_bad_grammar_is_refused(llm: LLM) -> None:
         StructuredOutput.choice([])
 
 
-def test_the_mask_picks_the_best_allowed_token(tiny_model_dir: Path) -> None:
-    """Greedy under a mask = argmax over the allowed tokens; random draws stay inside it."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_mask_picks_the_best_allowed_token(tiny_model_dir: Path, dtype: torch.dtype) -> None:
+    """Greedy under a mask = argmax over the allowed tokens; random draws stay inside it; the
+    compiled mask and the torch one agree, and leave other rows alone."""
     tok = open_model(tiny_model_dir).tokenizer
-    vocab = 1000 if tok.backend.get_vocab_size() < 1000 else tok.backend.get_vocab_size()
+    vocab = tok.backend.get_vocab_size()
     compiler = GrammarCompiler(tok, vocab, tuple(tok.eos_token_ids))
-    matcher = compiler.matcher(StructuredOutput("regex", "(yes|no|maybe)"))
-    allowed = allowed_tokens([matcher], vocab)[0]
+    grammar = StructuredOutput("regex", "(yes|no|maybe)")
+    bits = token_bitmask([compiler.matcher(grammar), compiler.matcher(grammar)], vocab)
+    allowed = unpack_bitmask(bits, vocab)[0]
     ids = allowed.nonzero().flatten().tolist()
     assert ids and all(re.match("(y|n|m)", tok.decode([i])) for i in ids)
-    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0))
-    masked = mask_logits(logits, [1], allowed.unsqueeze(0))
-    assert torch.equal(masked[0], logits[0])  # the other row untouched
-    assert masked[1].argmax().item() == max(ids, key=lambda i: logits[1, i].item())
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(0)).to(dtype)
+    masked = {}
+    for use_kernel in (True, False):
+        out = logits.clone()
+        apply_token_bitmask_(out, [0, 2], bits, use_kernel=use_kernel)
+        masked[use_kernel] = out
+    assert torch.equal(masked[True], masked[False])
+    out = masked[True]
+    assert torch.equal(out[1], logits[1])  # the unconstrained row untouched
+    assert torch.isinf(out[0]).sum().item() == vocab - len(ids)
+    assert out[2].argmax().item() == max(ids, key=lambda i: logits[2, i].item())
     sampler = Sampler(tuple(tok.eos_token_ids), seed=0)
     for temperature in (0.0, 1.5):
-        params = SamplingParams(temperature=temperature)
-        row = SamplingRow(
-            params, 5, [1], [], compiler.matcher(StructuredOutput("regex", "(yes|no|maybe)"))
-        )
-        picked = sampler(logits[1:].clone(), [row]).token_ids[0]
+        row = SamplingRow(SamplingParams(temperature=temperature), 5, [1], [],
+                          compiler.matcher(grammar))  # fmt: skip
+        picked = sampler(logits[2:].clone(), [row]).token_ids[0]
         assert picked in ids
 
 

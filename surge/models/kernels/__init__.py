@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 _HERE = Path(__file__).parent
 _cache: dict[str, ModuleType | None] = {}
 # Every kernel module, by its source's name (`python -m surge.models.kernels` builds them all).
-KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode", "w8a8_linear")
+KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode", "w8a8_linear", "token_mask")
 
 
 def _build_tag(sources: Path = _HERE) -> str:
@@ -111,6 +111,11 @@ def load_q4_decode(build_dir: Path | None = None) -> ModuleType | None:
     """The fused 4-bit decode stack (class Q4DecodeStack; `supported` is False without
     AVX-512 VNNI), or None."""
     return _load("q4_decode", build_dir)
+
+
+def load_token_mask(build_dir: Path | None = None) -> ModuleType | None:
+    """surge::apply_token_bitmask_ (structured output's logit masks), or None."""
+    return _load("token_mask", build_dir)
 
 
 def _register_fakes() -> None:
