@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from surge.sampling_params import SamplingParams
+from surge.structured_output import StructuredOutput
 
 if TYPE_CHECKING:
     from surge.engine.llm import LLM, CompletionOutput, RequestOutput
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "StructuredOutput"]
 
 
 def __getattr__(name: str) -> Any:
