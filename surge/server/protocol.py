@@ -28,6 +28,7 @@ from pydantic import (
 
 from surge.sampling_params import SamplingParams
 from surge.server.errors import BadRequestError
+from surge.server.tools import ToolPlan
 from surge.structured_output import StructuredOutput
 
 MAX_N = 16  # choices per prompt; each one is a full sequence in the batch
@@ -63,6 +64,8 @@ class ChatMessage(_Model):
     role: Role
     content: StrictStr | list[TextContentPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: StrictStr | None = None  # a tool's answer: to which call
 
     _check_content = field_validator("content", mode="wrap")(
         _reworded(
@@ -84,13 +87,17 @@ def flatten_message_content(
     return "\n".join(texts)
 
 
-def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as plain dicts with string content, ready for a Jinja chat template."""
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     for m in messages:
-        item = {"role": m.role, "content": flatten_message_content(m.content)}
+        item: dict[str, Any] = {"role": m.role, "content": flatten_message_content(m.content)}
         if m.name is not None:
             item["name"] = m.name
+        if m.tool_calls is not None:
+            item["tool_calls"] = m.tool_calls
+        if m.tool_call_id is not None:
+            item["tool_call_id"] = m.tool_call_id
         out.append(item)
     return out
 
@@ -109,6 +116,27 @@ class JsonSchemaFormat(_Model):
     description: StrictStr | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: StrictBool | None = None
+
+
+class FunctionSpec(_Model):
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ToolSpec(_Model):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class FunctionName(_Model):
+    name: StrictStr
+
+
+class NamedToolChoice(_Model):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ResponseFormat(_Model):
@@ -349,8 +377,8 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: StrictStr | dict[str, Any] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     functions: list[dict[str, Any]] | None = None
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
@@ -366,22 +394,65 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError("top_logprobs is only allowed when logprobs is true")
         return value
 
-    @field_validator("tools", "functions")
+    @field_validator("functions")
     @classmethod
-    def _no_tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    def _no_functions(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
         if value:
-            raise ValueError("tools are not supported by this server")
+            raise ValueError("functions (deprecated by OpenAI) are not supported; send tools")
         return value
 
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_forced_tool(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-        # "none"/"auto" with no tools is a no-op; anything else demands a tool call we cannot make.
-        if value not in (None, "none", "auto"):
-            raise ValueError("tools are not supported by this server")
-        return value
+    def tool_plan(self) -> ToolPlan | None:
+        """How tool_choice holds the output, or None when it does not; 400 for what cannot be
+        served: "auto" with tools needs a model-specific tool-call parser this server lacks."""
+        tools = {t.function.name: t.function.parameters for t in self.tools or ()}
+        choice = self.tool_choice
+        if choice is None:
+            choice = "auto" if tools else "none"
+        if choice == "none":
+            return None
+        if choice == "auto":
+            raise BadRequestError(
+                "tool_choice: 'auto' (the default with tools) needs a parser of this model's "
+                "own tool-call syntax, which this server does not have; send tool_choice "
+                "'required' or a named function, and the output is held to the call's JSON",
+                param="tool_choice",
+            )
+        if not tools:
+            raise BadRequestError(f"tool_choice: {choice!r} needs tools", param="tool_choice")
+        if choice == "required":
+            return ToolPlan.required(tools)
+        assert isinstance(choice, NamedToolChoice)
+        name = choice.function.name
+        if name not in tools:
+            raise BadRequestError(
+                f"tool_choice: function {name!r} is not among the tools", param="tool_choice"
+            )
+        return ToolPlan.named_function(name, tools[name])
 
-    def template_messages(self) -> list[dict[str, str]]:
+    def structured_output(self) -> StructuredOutput | None:
+        plan = self.tool_plan()
+        other = super().structured_output()
+        if plan is None:
+            return other
+        if other is not None:
+            raise BadRequestError(
+                "tool_choice: a forced tool call cannot be combined with response_format or "
+                "guided decoding",
+                param="tool_choice",
+            )
+        try:
+            plan.structured.grammar()
+        except ValueError as e:
+            raise BadRequestError(f"tools: a function's parameters: {e}", param="tools") from None
+        return plan.structured
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template takes them (None: the template shows none)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    def template_messages(self) -> list[dict[str, Any]]:
         return template_messages(self.messages)
 
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:

@@ -138,6 +138,14 @@ class ChatChoiceLogProbs(_Model):
 class ChatResponseMessage(_Model):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_no_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        if out.get("tool_calls") is None:
+            out.pop("tool_calls", None)  # absent, as OpenAI sends a plain answer
+        return out
 
 
 class ChatCompletionChoice(_Model):
@@ -159,6 +167,7 @@ class ChatCompletionResponse(_Model):
 class DeltaMessage(_Model):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -26,6 +26,8 @@ from surge.server.protocol import (
 )
 
 MSGS = [{"role": "user", "content": "hi"}]
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": CITY}}]
 
 
 def _params_dict(p: SamplingParams) -> dict[str, Any]:
@@ -86,8 +88,21 @@ async def test_valid_requests_and_unknown_fields_ignored() -> None:
         ("/v1/chat/completions", chat(messages=[{"role": "robot", "content": "x"}]), None),
         ("/v1/chat/completions", chat(top_logprobs=2), "top_logprobs"),
         ("/v1/chat/completions", chat(logprobs=1), "logprobs"),
-        ("/v1/chat/completions", chat(tools=[{"type": "function"}]), "tools"),
+        ("/v1/chat/completions", chat(tools=[{"type": "function"}]), "tools.0.function"),
         ("/v1/chat/completions", chat(tool_choice="required"), "tool_choice"),
+        ("/v1/chat/completions", chat(tools=TOOLS), "tool_choice"),
+        ("/v1/chat/completions", chat(tools=TOOLS, tool_choice="auto"), "tool_choice"),
+        (
+            "/v1/chat/completions",
+            chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
+            "tool_choice",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}),
+            "tool_choice",
+        ),
+        ("/v1/chat/completions", chat(functions=[{"name": "f"}]), "functions"),
         ("/v1/chat/completions", chat(response_format={"type": "xml"}), None),
         ("/v1/chat/completions", chat(response_format={"type": "json_schema"}), "response_format"),
         ("/v1/completions", completion(guided_regex="[a-"), "guided_regex"),
@@ -125,8 +140,8 @@ async def test_bad_role_and_response_format_messages() -> None:
     assert (
         "the regex is not valid" in err["message"] and "unclosed character class" in err["message"]
     )
-    resp = await post("/v1/chat/completions", chat(tools=[{"type": "function"}]))
-    assert resp.json()["error"]["message"] == "tools: tools are not supported by this server"
+    resp = await post("/v1/chat/completions", chat(tools=TOOLS))
+    assert "'auto' (the default with tools) needs a parser" in resp.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -420,3 +435,41 @@ def test_structured_output_forms(
             assert structured is None
         else:
             assert structured is not None and (structured.kind, structured.spec) == (kind, spec)
+
+
+def test_tool_choice_forms() -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice, kind in ((named, "json"), ("required", "json"), ("none", None)):
+        req = ChatCompletionRequest.model_validate(chat(tools=TOOLS, tool_choice=choice))
+        structured = req.to_sampling_params(default_max_tokens=10).structured
+        assert (structured and structured.kind) == kind
+    req = ChatCompletionRequest.model_validate(chat(tools=TOOLS, tool_choice=named))
+    plan = req.tool_plan()
+    assert plan is not None and plan.named == "get_weather"
+    assert (
+        json.loads(req.to_sampling_params(default_max_tokens=10).structured.spec)
+        == (  # type: ignore[union-attr]
+            TOOLS[0]["function"]["parameters"]  # type: ignore[index]
+        )
+    )
+    content, calls = plan.answer('{"city": "Oslo"}')
+    assert content is None and calls[0].to_openai()["function"] == {
+        "name": "get_weather", "arguments": '{"city": "Oslo"}'}  # fmt: skip
+    required = ChatCompletionRequest.model_validate(chat(tools=TOOLS, tool_choice="required"))
+    plan = required.tool_plan()
+    assert plan is not None
+    content, calls = plan.answer('[{"name": "get_weather", "parameters": {"city": "Rome"}}]')
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Rome"})]  # fmt: skip
+    assert plan.answer('[{"name": "get_wea') == ('[{"name": "get_wea', [])  # cut: text
+    assert plan.finish_reason("stop") == "tool_calls" and plan.finish_reason("length") == "length"
+    # An earlier turn's calls and a tool's answer are accepted and reach the template.
+    history = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [calls[0].to_openai()]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "12 C"},
+    ]
+    req = ChatCompletionRequest.model_validate(chat(messages=history))
+    rendered = req.template_messages()
+    assert rendered[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert rendered[2]["tool_call_id"] == calls[0].id

@@ -134,3 +134,124 @@ def test_the_real_model_answers_in_the_schema(smollm2_server: ServerProcess) -> 
     answer = json.loads(resp.choices[0].message.content or "")
     assert answer["capital"] == "Paris"
     assert resp.choices[0].finish_reason == "stop"
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20},
+                           "unit": {"enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}  # fmt: skip
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
+                       "required": ["zone"], "additionalProperties": False},
+    },
+}  # fmt: skip
+ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
+
+
+def _check_weather(arguments: str) -> None:
+    args = json.loads(arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("C", "F")
+    assert isinstance(args["city"], str) and len(args["city"]) <= 20
+
+
+def test_a_named_function_is_called_with_arguments_in_its_schema(
+    tiny_server: ServerProcess,
+) -> None:
+    client = _client(tiny_server)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    resp = client.chat.completions.create(model="test-model", messages=ASK, tools=[WEATHER, TIME],
+                                          tool_choice=named, max_tokens=60, temperature=1.0,
+                                          seed=2)  # fmt: skip
+    msg = resp.choices[0].message
+    assert resp.choices[0].finish_reason == "tool_calls" and msg.content is None
+    (call,) = msg.tool_calls or []
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    _check_weather(call.function.arguments)
+    # Streamed: the arguments arrive in pieces under one call id.
+    stream = client.chat.completions.create(model="test-model", messages=ASK, tools=[WEATHER],
+                                            tool_choice=named, max_tokens=60, temperature=1.0,
+                                            seed=3, stream=True)  # fmt: skip
+    ids, names, pieces, finish = set(), [], [], None
+    for chunk in stream:
+        for c in chunk.choices:
+            for tc in c.delta.tool_calls or []:
+                if tc.id:
+                    ids.add(tc.id)
+                if tc.function and tc.function.name:
+                    names.append(tc.function.name)
+                if tc.function and tc.function.arguments:
+                    pieces.append(tc.function.arguments)
+            finish = c.finish_reason or finish
+    assert len(ids) == 1 and names == ["get_weather"] and len(pieces) > 1
+    _check_weather("".join(pieces))
+    assert finish == "tool_calls"
+
+
+def test_required_calls_one_of_the_tools_and_the_answer_can_follow(
+    tiny_server: ServerProcess,
+) -> None:
+    client = _client(tiny_server)
+    resp = client.chat.completions.create(model="test-model", messages=ASK, tools=[WEATHER, TIME],
+                                          tool_choice="required", max_tokens=120,
+                                          temperature=1.0, seed=5)  # fmt: skip
+    choice = resp.choices[0]
+    if choice.finish_reason == "length":  # a random model may list calls past max_tokens
+        assert choice.message.tool_calls is None and (choice.message.content or "")[0] == "["
+        return
+    calls = choice.message.tool_calls or []
+    assert choice.finish_reason == "tool_calls" and calls
+    for call in calls:
+        assert call.function.name in ("get_weather", "get_time")
+        args = json.loads(call.function.arguments)
+        if call.function.name == "get_weather":
+            _check_weather(call.function.arguments)
+        else:
+            assert args in ({"zone": "UTC"}, {"zone": "CET"})
+    # The next turn carries the calls and a tool's answer; it is served as plain chat.
+    answer = {"role": "tool", "tool_call_id": calls[0].id, "content": "12 C, light rain"}
+    history = [*ASK, choice.message.model_dump(exclude_none=True), answer]
+    follow = client.chat.completions.create(model="test-model", messages=history, max_tokens=8)
+    assert follow.choices[0].message.content is not None
+
+
+def test_required_calls_stream_whole_at_the_end(tiny_server: ServerProcess) -> None:
+    stream = _client(tiny_server).chat.completions.create(
+        model="test-model", messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+        max_tokens=120, temperature=1.0, seed=5, stream=True,
+    )  # fmt: skip
+    calls, content, finish = [], "", None
+    for chunk in stream:
+        for c in chunk.choices:
+            calls += c.delta.tool_calls or []
+            content += c.delta.content or ""
+            finish = c.finish_reason or finish
+    if finish == "length":
+        assert not calls and content.startswith("[")
+        return
+    assert finish == "tool_calls" and calls and content == ""
+    assert [c.index for c in calls] == list(range(len(calls)))
+    for call in calls:
+        assert call.id and call.function and call.function.name in ("get_weather", "get_time")
+        json.loads(call.function.arguments or "")
+
+
+def test_tool_choice_auto_is_refused_with_a_reason(tiny_server: ServerProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        _client(tiny_server).chat.completions.create(model="test-model", messages=ASK,
+                                                     tools=[WEATHER])  # fmt: skip
+    assert err.value.body["param"] == "tool_choice"  # type: ignore[index]
+    assert "'required' or a named function" in err.value.body["message"]  # type: ignore[index]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -26,17 +28,19 @@ from surge.server.serving import (
     stream_response,
 )
 from surge.server.state import ServerState, get_state
+from surge.server.tools import ToolCall, ToolPlan, new_call_id
 
 router = APIRouter()
 
 
 def render_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
     tok = state.tokenizer
+    kwargs = dict(body.chat_template_kwargs or {})
+    if (tools := body.template_tools()) is not None:
+        kwargs.setdefault("tools", tools)
     try:
         text = tok.apply_chat_template(
-            body.template_messages(),
-            add_generation_prompt=body.add_generation_prompt,
-            **(body.chat_template_kwargs or {}),
+            body.template_messages(), add_generation_prompt=body.add_generation_prompt, **kwargs
         )
     except ValueError as e:
         raise BadRequestError(f"cannot apply the chat template: {e}", param="messages") from e
@@ -56,6 +60,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     room = state.max_model_len - len(prompt)
     default = room if state.config.default_max_tokens is None else state.config.default_max_tokens
     params = body.to_sampling_params(default_max_tokens=min(default, room))
+    plan = body.tool_plan()
     job = start_job(
         state, request, [prompt], params, request_id=body.request_id, user=body.user,
         priority=body.priority if "priority" in body.model_fields_set else None,
@@ -63,45 +68,54 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     )  # fmt: skip
     model = body.model or state.config.served_model_name
     if body.stream:
-        return _stream(job, body, model)
+        return _stream(job, body, model, plan)
     if not await run_to_completion(job, request):
         return Response(status_code=499)
     tok = state.tokenizer
     choices = []
     for i, c in enumerate(job.choices):
         logprobs = chat_logprobs(tok, c.logprobs) if params.logprobs is not None else None
+        message, finish_reason = ChatResponseMessage(content=c.text), c.finish_reason
+        if plan is not None:
+            content, calls = plan.answer(c.text)
+            if calls:
+                tool_calls = [t.to_openai() for t in calls]
+                message = ChatResponseMessage(content=content, tool_calls=tool_calls)
+                finish_reason = plan.finish_reason(c.finish_reason)
         choices.append(
             ChatCompletionChoice(
-                index=i,
-                message=ChatResponseMessage(content=c.text),
-                logprobs=logprobs,
-                finish_reason=c.finish_reason,
+                index=i, message=message, logprobs=logprobs, finish_reason=finish_reason
             )
         )
     resp = ChatCompletionResponse(model=model, choices=choices, usage=job.usage())
     return JSONResponse(resp.model_dump(mode="json"))
 
 
-def _stream(job: Job, body: ChatCompletionRequest, model: str) -> Response:
+def _stream(job: Job, body: ChatCompletionRequest, model: str, plan: ToolPlan | None) -> Response:
     cid = new_chat_completion_id()
     include_usage = body.include_usage
     tok = job.state.tokenizer
     want_logprobs = job.params.logprobs is not None
+    # A named function's arguments stream as they come; a "required" list is sent whole at the
+    # end, when it parses.
+    call_ids = [new_call_id() for _ in job.choices]
+    streams_arguments = plan is not None and plan.named is not None
 
     def chunk(choices: list[ChatCompletionStreamChoice]) -> str:
         return ChatCompletionStreamResponse(id=cid, model=model, choices=choices).to_sse(
             include_usage=include_usage
         )
 
+    def opening(i: int) -> DeltaMessage:
+        if streams_arguments:
+            assert plan is not None and plan.named is not None
+            call = ToolCall(plan.named, "", call_ids[i]).to_openai(index=0)
+            return DeltaMessage(role="assistant", tool_calls=[call])
+        return DeltaMessage(role="assistant", content="")
+
     first = [
-        chunk(
-            [
-                ChatCompletionStreamChoice(
-                    index=i, delta=DeltaMessage(role="assistant", content="")
-                )
-                for i in range(len(job.choices))
-            ]
-        )
+        chunk([ChatCompletionStreamChoice(index=i, delta=opening(i))])
+        for i in range(len(job.choices))
     ]
 
     def render(deltas: list[tuple[int, SequenceDelta]]) -> list[str]:
@@ -111,15 +125,22 @@ def _stream(job: Job, body: ChatCompletionRequest, model: str) -> Response:
             if want_logprobs and d.logprobs is not None:
                 triples = delta_triples(d)
                 logprobs = chat_logprobs(tok, triples)
-            if d.text or logprobs is not None:
+            if plan is None and (d.text or logprobs is not None):
                 delta = DeltaMessage(content=d.text)
                 out.append(
                     chunk([ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs)])
                 )
-            if d.finish_reason is not None:
+            elif streams_arguments and d.text:
+                delta = DeltaMessage(tool_calls=[{"index": 0, "function": {"arguments": d.text}}])
                 out.append(
-                    chunk([ChatCompletionStreamChoice(index=i, finish_reason=d.finish_reason)])
+                    chunk([ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs)])
                 )
+            if d.finish_reason is not None:
+                reason = d.finish_reason
+                if plan is not None:
+                    out += _closing(plan, job.choices[i].text, i, chunk, streams_arguments)
+                    reason = plan.finish_reason(d.finish_reason) or reason
+                out.append(chunk([ChatCompletionStreamChoice(index=i, finish_reason=reason)]))
         return out
 
     def last() -> list[str]:
@@ -129,3 +150,21 @@ def _stream(job: Job, body: ChatCompletionRequest, model: str) -> Response:
         return [final.to_sse(include_usage=True)]
 
     return stream_response(job, render, first, last)
+
+
+def _closing(
+    plan: ToolPlan,
+    text: str,
+    i: int,
+    chunk: Callable[[list[ChatCompletionStreamChoice]], str],
+    streamed: bool,
+) -> list[str]:
+    """What a tool-call choice sends when it ends: a "required" list's calls, whole."""
+    if streamed:
+        return []
+    content, calls = plan.answer(text)
+    if calls:
+        delta = DeltaMessage(tool_calls=[t.to_openai(index=k) for k, t in enumerate(calls)])
+    else:
+        delta = DeltaMessage(content=content)
+    return [chunk([ChatCompletionStreamChoice(index=i, delta=delta)])]
