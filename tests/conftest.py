@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.servers import ServerProcess
 
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -95,3 +98,11 @@ def write_tiny_llama(folder: Path, gguf_path: Path, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf_path: Path) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm2_gguf_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
+    """One `surge serve` of the tiny model for the whole session (server and gateway tests)."""
+    server = ServerProcess(tiny_model_dir, "--dtype", "float32")
+    yield server
+    server.stop()

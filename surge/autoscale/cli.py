@@ -29,7 +29,11 @@ log = logging.getLogger("surge.autoscale")
 
 # flag -> (AutoscalerConfig field, type, help)
 _FLAGS: dict[str, tuple[str, type, str]] = {
-    "--min-replicas": ("min_replicas", int, "never fewer ready or starting"),
+    "--min-replicas": (
+        "min_replicas",
+        int,
+        "never fewer ready or starting; 0: scale to zero when idle",
+    ),
     "--max-replicas": ("max_replicas", int, "never more"),
     "--initial-replicas": ("initial_replicas", int, "started before serving (default: min)"),
     "--target-ongoing": ("target_ongoing_per_replica", float, "running+waiting per replica"),
@@ -44,6 +48,11 @@ _FLAGS: dict[str, tuple[str, type, str]] = {
     "--forecast-horizon": ("forecast_horizon_s", float, "seconds ahead; 0 = no forecast"),
     "--drain-timeout": ("drain_timeout_s", float, "seconds a draining replica gets"),
     "--reload-grace": ("reload_grace_s", float, "seconds between leaving rotation and SIGTERM"),
+    "--activation-timeout": (
+        "activation_timeout_s",
+        float,
+        "scaled to zero: seconds the gateway holds a request for a replica",
+    ),
 }
 
 
@@ -113,13 +122,15 @@ def cpus_per_replica(value: str, max_replicas: int) -> int | None:
 
 
 def _start_gateway(
-    args: argparse.Namespace, upstreams: Path, log_path: Path
+    args: argparse.Namespace, config: AutoscalerConfig, upstreams: Path, log_path: Path
 ) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "surge.cli", "gateway", "--host", args.host,
         "--port", str(args.port), "--upstreams-file", str(upstreams),
         "--reload-interval", "0.5", *args.gateway_arg,
     ]  # fmt: skip
+    if config.min_replicas == 0:  # with no replica, requests wait for one (and wake us)
+        cmd += ["--activation-timeout", str(config.activation_timeout_s)]
     out = log_path.open("wb")
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -171,8 +182,9 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
         await scaler.start_initial()
         if args.port:
             gateway_log = log_dir / f"surge-autoscale-gateway-{args.port}.log"
-            gateway = proc = _start_gateway(args, upstreams, gateway_log)
+            gateway = proc = _start_gateway(args, config, upstreams, gateway_log)
             url = f"http://{args.host}:{args.port}"
+            scaler.gateway_url = url
 
             async def running() -> bool:
                 return proc.poll() is None

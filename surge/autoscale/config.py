@@ -12,7 +12,7 @@ class AutoscalerConfig:
     the recommendation has stayed lower for a window (HPA: 300 s; shorter here, since a local
     replica starts in seconds), 10% tolerance around each target (HPA)."""
 
-    min_replicas: int = 1
+    min_replicas: int = 1  # 0: scale to zero when idle, and back to one on a request
     max_replicas: int = 4
     initial_replicas: int | None = None  # None: min_replicas
     # Requests running + waiting per replica (Ray Serve's target_ongoing_requests).
@@ -35,10 +35,14 @@ class AutoscalerConfig:
     drain_timeout_s: float = 60.0  # a drained replica's in-flight requests get this long
     reload_grace_s: float = 2.0  # after a replica leaves the upstreams file, before its SIGTERM
     scrape_timeout_s: float = 2.0
+    # Scaled to zero, how long the gateway holds a request while the first replica starts.
+    activation_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.min_replicas < 1:
-            raise ValueError(f"min_replicas must be >= 1, got {self.min_replicas}")
+        if self.min_replicas < 0:
+            raise ValueError(f"min_replicas must be >= 0, got {self.min_replicas}")
+        if self.max_replicas < 1:
+            raise ValueError(f"max_replicas must be >= 1, got {self.max_replicas}")
         if self.max_replicas < self.min_replicas:
             raise ValueError(
                 f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})"
@@ -54,7 +58,7 @@ class AutoscalerConfig:
         if not 0 <= self.tolerance < 1:
             raise ValueError(f"tolerance must be in [0, 1), got {self.tolerance}")
         for name in ("scale_up_window_s", "scale_down_window_s", "forecast_horizon_s",
-                     "drain_timeout_s", "reload_grace_s"):  # fmt: skip
+                     "drain_timeout_s", "reload_grace_s", "activation_timeout_s"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_scale_up_step < 1 or self.max_scale_down_step < 1:

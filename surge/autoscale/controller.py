@@ -25,12 +25,13 @@ from typing import Any
 import httpx
 
 from surge.autoscale.config import AutoscalerConfig
-from surge.autoscale.decide import Stabilizer, desired_replicas
+from surge.autoscale.decide import Decision, Stabilizer, desired_replicas
 from surge.autoscale.forecast import HoltForecaster
 from surge.autoscale.providers.base import Provider, Replica, ReplicaStartError, ReplicaState
 from surge.autoscale.signals import SignalTracker, scrape_all
 from surge.observability.autoscaler_metrics import AutoscalerMetrics
 
+AWAITING = "surge_gateway_requests_awaiting_upstream"  # the gateway's gauge
 log = logging.getLogger(__name__)
 
 
@@ -60,6 +61,7 @@ class Autoscaler:
         self.forecaster = HoltForecaster(config.forecast_alpha, config.forecast_beta)
         self.stabilizer = Stabilizer(config)
         self.pending_starts = 0  # asked for, not yet ready
+        self.gateway_url: str | None = None  # scaled to zero, its waiting requests wake us
         self._tasks: set[asyncio.Task[None]] = set()
         self._published: list[str] | None = None
 
@@ -86,13 +88,15 @@ class Autoscaler:
     async def start_initial(self) -> None:
         """Bring the fleet to its initial size before serving (the gateway needs an upstream)."""
         await asyncio.gather(*(self._start_one() for _ in range(self.config.start_replicas)))
-        if not self.ready():
+        self.publish()
+        if self.config.start_replicas and not self.ready():
             raise ReplicaStartError("no replica could be started; see the replica logs")
 
     async def _start_one(self) -> None:
         self.pending_starts += 1
         try:
             await self.provider.start()
+            self.stabilizer.note(self.clock(), len(self.ready()))
         except ReplicaStartError as e:
             log.error("%s", e)
         finally:
@@ -126,15 +130,23 @@ class Autoscaler:
             self.forecaster.update(now, signals.arrival_rps)
             forecast = self.forecaster.predict(self.config.forecast_horizon_s)
         current = self.current
-        decision = desired_replicas(signals, self.config, forecast, current)
-        target = self.stabilizer.recommend(now, decision.desired, current)
+        if current == 0:  # scaled to zero: only requests held by the gateway ask for a replica
+            awaiting = await scrape_awaiting(client, self.gateway_url, self.config.scrape_timeout_s)
+            decision = Decision(1 if awaiting else 0, f"activation: {awaiting:g} awaiting "
+                                "at the gateway", {"activation": int(awaiting > 0)})  # fmt: skip
+            target = decision.desired  # at once: a request is waiting on it
+        else:
+            decision = desired_replicas(signals, self.config, forecast, current)
+            target = self.stabilizer.recommend(now, decision.desired, current)
         if target > current:
             log.info("scale up %d -> %d (%s)", current, target, decision.reason)
             for _ in range(target - current):
                 self._spawn(self._start_one())
         elif target < current and self.pending_starts == 0:
             load = {x.url: x.waiting + x.running for x in loads if x.ok}
-            victims = pick_victims(ready, load, current - target)
+            victims = pick_victims(
+                ready, load, current - target, keep=min(1, self.config.min_replicas)
+            )
             log.info("scale down %d -> %d (%s): draining %s", current, target, decision.reason,
                      [v.id for v in victims])  # fmt: skip
             for victim in victims:
@@ -178,8 +190,28 @@ class Autoscaler:
         self.publish()
 
 
-def pick_victims(ready: list[Replica], load: dict[str, float], count: int) -> list[Replica]:
-    """The replicas to drain: the least loaded (fewest requests to finish), newest first on a
-    tie (the oldest have the warmest prefix caches)."""
+def pick_victims(
+    ready: list[Replica], load: dict[str, float], count: int, keep: int = 1
+) -> list[Replica]:
+    """The replicas to drain, leaving `keep`: the least loaded (fewest requests to finish),
+    newest first on a tie (the oldest have the warmest prefix caches)."""
     order = sorted(ready, key=lambda r: (load.get(r.url, 0.0), -r.started_s))
-    return order[: max(0, min(count, len(ready) - 1))]
+    return order[: max(0, min(count, len(ready) - keep))]
+
+
+async def scrape_awaiting(client: httpx.AsyncClient, url: str | None, timeout_s: float) -> float:
+    """Requests the gateway holds for want of any upstream (0 when it cannot be read)."""
+    if url is None:
+        return 0.0
+    try:
+        resp = await client.get(url + "/metrics", timeout=timeout_s)
+        resp.raise_for_status()
+    except httpx.HTTPError:
+        return 0.0
+    for line in resp.text.splitlines():
+        if line.startswith(AWAITING + " "):
+            try:
+                return float(line.split()[1])
+            except (IndexError, ValueError):
+                return 0.0
+    return 0.0

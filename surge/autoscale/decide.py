@@ -69,6 +69,14 @@ class Stabilizer:
         self._history: deque[tuple[float, int]] = deque()
         self._first_s: float | None = None
 
+    def note(self, now_s: float, replicas: int) -> None:
+        """Count `replicas` as recommended at `now_s`: a replica that has just become ready is
+        not drained before a whole down window has seen the fleet without it (it may not even
+        have had its first request yet)."""
+        self._history.append((now_s, replicas))
+        if self._first_s is None:
+            self._first_s = now_s
+
     def recommend(self, now_s: float, desired: int, current: int) -> int:
         cfg = self.config
         self._history.append((now_s, desired))

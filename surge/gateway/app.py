@@ -179,8 +179,10 @@ def _health(state: GatewayState) -> JSONResponse:
     }
     in_rotation = sum(1 for u in state.pool.all() if u.in_rotation(now_s))
     status = "ok" if in_rotation else "unavailable"
+    if not ups and state.config.activation_timeout_s > 0:
+        status = "scaled_to_zero"  # requests are taken and wait for an upstream to start
     body = {"status": status, "upstreams_in_rotation": in_rotation, "upstreams": ups}
-    return JSONResponse(body, status_code=200 if in_rotation else 503)
+    return JSONResponse(body, status_code=503 if status == "unavailable" else 200)
 
 
 async def _read_body(request: Request, max_bytes: int) -> bytes:

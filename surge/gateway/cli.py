@@ -69,6 +69,9 @@ _FLAGS: dict[str, tuple[str | None, str, type, str]] = {
     "--degrade-max-tokens": ("degrade", "max_tokens_cap", int, "max_tokens cap when degrading"),
     "--shed-status": ("degrade", "shed_status", int, "429 or 503"),
     "--shed-retry-after": ("degrade", "retry_after_s", float, "Retry-After of a shed request"),
+    "--activation-timeout": (None, "activation_timeout_s", float,
+                             "with no upstream at all (scaled to zero), seconds a request waits "
+                             "for one (default 0: 503 at once)"),
     "--otlp-traces-endpoint": (None, "otlp_traces_endpoint", str,
                                "OpenTelemetry collector for spans over OTLP/HTTP, e.g. "
                                "http://127.0.0.1:4318 "

@@ -210,6 +210,10 @@ class GatewayConfig:
     limits: LimitConfig = field(default_factory=LimitConfig)
     degrade: DegradeConfig = field(default_factory=DegradeConfig)
     otlp_traces_endpoint: str | None = None  # OpenTelemetry spans over OTLP/HTTP; None: off
+    # With no upstream at all (an autoscaler scaled the fleet to zero), a request waits this
+    # long for one to appear, counted in surge_gateway_requests_awaiting_upstream, which is
+    # what wakes the autoscaler. 0: 503 at once.
+    activation_timeout_s: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", Policy(self.policy))
@@ -224,6 +228,7 @@ class GatewayConfig:
         _positive("reload_interval_s", self.reload_interval_s)
         _at_least("scrape_interval_s", self.scrape_interval_s, 0)
         _at_least("max_body_bytes", self.max_body_bytes, 1024)
+        _at_least("activation_timeout_s", self.activation_timeout_s, 0)
         if not self.session_header:
             raise ValueError("session_header must not be empty")
         object.__setattr__(self, "session_header", self.session_header.lower())

@@ -86,6 +86,11 @@ class GatewayMetrics:
         self.in_flight = Gauge(
             "surge_gateway_requests_in_flight", "Client requests holding a slot.", registry=r
         )
+        self.awaiting_upstream = Gauge(
+            "surge_gateway_requests_awaiting_upstream",
+            "Client requests waiting for an upstream to exist (the fleet is scaled to zero).",
+            registry=r,
+        )
         self.waiting = Gauge(
             "surge_gateway_requests_waiting", "Client requests waiting for a slot.", registry=r
         )

@@ -161,6 +161,8 @@ class Proxy:
         """The answer for `req`; raises GatewayError when the gateway answers itself."""
         retry = self.config.retry
         deadline_s = self.clock() + self.config.timeouts.total_s
+        if self.config.activation_timeout_s > 0 and not self.pool.group(req.group):
+            await self._await_upstream(req.group, deadline_s)
         self.budget.record_request(self.clock())
         tried: list[str] = []
         attempts: list[_Attempt] = []
@@ -180,6 +182,18 @@ class Proxy:
                 break
             await asyncio.sleep(backoff_s(len(attempts) - 1, retry, self._rng))
         return self._give_up(req, attempts)
+
+    async def _await_upstream(self, group: str, deadline_s: float) -> None:
+        """Scaled to zero: wait (counted, so that an autoscaler sees the demand) until an
+        upstream of `group` is in rotation, or the activation timeout or the deadline passes."""
+        until_s = min(self.clock() + self.config.activation_timeout_s, deadline_s)
+        gauge = self.metrics.awaiting_upstream
+        gauge.inc()
+        try:
+            while not self.pool.candidates(group, self.clock()) and self.clock() < until_s:
+                await asyncio.sleep(0.1)
+        finally:
+            gauge.dec()
 
     def _may_retry(
         self, req: ProxyRequest, last: _Attempt, tried: list[str], deadline_s: float, num: int

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from surge.autoscale.config import AutoscalerConfig
+from surge.autoscale.controller import pick_victims
 from surge.autoscale.decide import Stabilizer, desired_replicas
 from surge.autoscale.forecast import HoltForecaster
+from surge.autoscale.providers.base import Replica
 from surge.autoscale.signals import Signals
 
 CFG = AutoscalerConfig(
@@ -85,6 +87,28 @@ def test_stabilizer_up_window_ignores_a_blip_and_steps_are_bounded() -> None:
     assert s.recommend(6.5, 6, current=1) == 3  # 6 for a whole window: up, by 2 at most
 
 
+def test_min_zero_lets_an_idle_fleet_drain_to_nothing() -> None:
+    cfg = AutoscalerConfig(min_replicas=0, max_replicas=2, scale_down_window_s=10)
+    assert cfg.start_replicas == 0
+    assert desired_replicas(signals(replicas=1), cfg, None, current=1).desired == 0
+    # Any arrival keeps one: the forecast of a trickle asks for a replica.
+    busy = desired_replicas(signals(replicas=1, rps=0.1, latency=1.0), cfg, 0.1, current=1)
+    assert busy.desired == 1
+    ready = [Replica(f"r{i}", f"http://h:{i}", started_s=float(i)) for i in range(2)]
+    assert [r.id for r in pick_victims(ready, {}, 2)] == ["r1"]  # the default keeps one
+    assert len(pick_victims(ready, {}, 2, keep=0)) == 2
+
+
+def test_a_replica_just_ready_is_not_drained_within_the_window() -> None:
+    cfg = AutoscalerConfig(min_replicas=0, max_replicas=2, scale_down_window_s=10)
+    s = Stabilizer(cfg)
+    assert s.recommend(0.0, 0, current=1) == 1  # no whole window seen yet
+    assert s.recommend(11.0, 0, current=1) == 0  # idle for a window: down to zero
+    s.note(30.0, 1)  # scaled from zero: a replica became ready at t=30
+    assert s.recommend(30.5, 0, current=1) == 1  # its first request may not have come yet
+    assert s.recommend(41.0, 0, current=1) == 0
+
+
 def test_holt_follows_a_ramp_ahead() -> None:
     f = HoltForecaster(alpha=0.5, beta=0.3)
     assert f.predict(10) is None
@@ -102,7 +126,8 @@ def test_holt_follows_a_ramp_ahead() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"min_replicas": 0},
+        {"min_replicas": -1},
+        {"min_replicas": 0, "max_replicas": 0},
         {"min_replicas": 3, "max_replicas": 2},
         {"initial_replicas": 9},
         {"target_kv_usage": 1.5},

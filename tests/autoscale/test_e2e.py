@@ -206,3 +206,29 @@ def test_a_replica_that_dies_is_replaced(autoscale_factory: Callable[..., Autosc
                                     extra_body={"ignore_eos": True})  # fmt: skip
     assert out.usage is not None and out.usage.completion_tokens == 4
     assert "exited on its own" in a.log()
+
+
+def test_scale_to_zero_and_back_on_a_request(autoscale_factory: Callable[..., Autoscale]) -> None:
+    """min 0: no replica until a request comes; the gateway holds it (counted, which is what
+    wakes the autoscaler) while one starts; idle again, the fleet drains to zero."""
+    a = autoscale_factory("--min-replicas", "0", "--max-replicas", "1", "--scale-down-window", "3")
+    health = httpx.get(a.url + "/health", timeout=5)
+    assert health.status_code == 200 and health.json()["status"] == "scaled_to_zero"
+    assert a.ready() == 0 and a.replica_pids() == []
+    t0 = time.monotonic()
+    first = Load(a.url, clients=2, max_tokens=8)  # both held until the replica is ready
+    results = first.join(150)
+    cold_s = time.monotonic() - t0
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert len(results) == 2 and len(a.replica_pids()) == 1
+    assert a.metric("surge_autoscaler_wanted_replicas", signal="activation") >= 0
+    # Idle: the last replica drains (exit 0) and the gateway is back to holding requests.
+    a.wait_for(lambda: a.ready() == 0 and a.in_rotation() == 0, 60, "the scale to zero")
+    a.wait_for(lambda: "stopped (exit 0)" in a.log(), 30, "the drain")
+    assert not _alive(a.replica_pids()[0])
+    # And back again: a request wakes a second replica.
+    again = Load(a.url, clients=1, max_tokens=4).join(150)
+    assert not [r for r in again if isinstance(r, BaseException)], again
+    assert len(a.replica_pids()) == 2
+    print(f"cold start through the gateway: {cold_s:.1f} s")
+    assert a.stop() == 0
