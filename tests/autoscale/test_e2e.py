@@ -221,7 +221,8 @@ def test_scale_to_zero_and_back_on_a_request(autoscale_factory: Callable[..., Au
     cold_s = time.monotonic() - t0
     assert not [r for r in results if isinstance(r, BaseException)], results
     assert len(results) == 2 and len(a.replica_pids()) == 1
-    assert a.metric("surge_autoscaler_wanted_replicas", signal="activation") >= 0
+    assert a.metric("surge_autoscaler_signal_replicas", signal="activation") == 1
+    assert a.metric("surge_autoscaler_scale_events_total", direction="up") == 1
     # Idle: the last replica drains (exit 0) and the gateway is back to holding requests.
     a.wait_for(lambda: a.ready() == 0 and a.in_rotation() == 0, 60, "the scale to zero")
     a.wait_for(lambda: "stopped (exit 0)" in a.log(), 30, "the drain")
