@@ -104,7 +104,7 @@ async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int
         # Linux this is the calling thread's: the event loop's, and threads it starts later.)
         log.info("API process niceness %d", os.nice(server_config.api_niceness))
     metrics = ServerMetrics(server_config.served_model_name, max_model_len=client.max_model_len)
-    ResourceMonitor().register(metrics.registry)
+    ResourceMonitor({"api": os.getpid(), "engine": client.pid}).register(metrics.registry)
     metrics.set_health(True)
     embeddings = _load_embeddings(server_config, metrics)
     tracing = Tracing.start(server_config.tracing)
