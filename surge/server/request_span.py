@@ -52,6 +52,8 @@ def record_request_span(job: Job, now_s: float) -> None:
     }
     if job.tenant:
         attributes["surge.tenant"] = job.tenant
+    if params.structured is not None:
+        attributes["surge.structured_output"] = params.structured.kind
     if t.first_token_s is not None:
         attributes["gen_ai.latency.time_to_first_token"] = t.first_token_s - t.arrival_s
         if job.num_completion_tokens > 1 and t.last_token_s is not None:

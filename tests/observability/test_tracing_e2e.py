@@ -117,7 +117,7 @@ def test_a_streamed_request_s_gateway_span_lasts_until_the_stream_ends(
     stream = _client(stack["gateway"]).completions.create(
         model="test-model", prompt="Once upon a time", max_tokens=12, temperature=0.0,
         stream=True, stream_options={"include_usage": True},
-        extra_headers={"traceparent": header},
+        extra_headers={"traceparent": header}, extra_body={"guided_regex": "[a-z ]{12,40}"},
     )  # fmt: skip
     usage = None
     for chunk in stream:
@@ -130,6 +130,7 @@ def test_a_streamed_request_s_gateway_span_lasts_until_the_stream_ends(
     assert server.name == "text_completion test-model"
     assert server.attributes["gen_ai.usage.output_tokens"] == usage.completion_tokens
     assert server.attributes["gen_ai.latency.time_per_output_token"] > 0
+    assert server.attributes["surge.structured_output"] == "regex"
     # The server records its span before it sends [DONE]; the gateway ends its own after.
     assert gateway.end_ns >= server.end_ns
     assert gateway.end_ns - gateway.start_ns >= server.end_ns - server.start_ns
