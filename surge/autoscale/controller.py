@@ -130,11 +130,18 @@ class Autoscaler:
             self.forecaster.update(now, signals.arrival_rps)
             forecast = self.forecaster.predict(self.config.forecast_horizon_s)
         current = self.current
-        if current == 0:  # scaled to zero: only requests held by the gateway ask for a replica
-            awaiting = await scrape_awaiting(client, self.gateway_url, self.config.scrape_timeout_s)
-            decision = Decision(1 if awaiting else 0, f"activation: {awaiting:g} awaiting "
-                                "at the gateway", {"activation": int(awaiting > 0)})  # fmt: skip
-            target = decision.desired  # at once: a request is waiting on it
+        if current == 0:
+            # No replica (scaled to zero, or the last one died): the floor, or requests held by
+            # the gateway, ask for one at once; there is no replica to scrape.
+            awaiting = 0.0
+            if self.config.min_replicas == 0:
+                timeout_s = self.config.scrape_timeout_s
+                awaiting = await scrape_awaiting(client, self.gateway_url, timeout_s)
+            wanted = int(awaiting > 0)
+            decision = Decision(max(self.config.min_replicas, wanted),
+                                f"activation: {awaiting:g} awaiting at the gateway",
+                                {"activation": wanted})  # fmt: skip
+            target = decision.desired
         else:
             decision = desired_replicas(signals, self.config, forecast, current)
             target = self.stabilizer.recommend(now, decision.desired, current)

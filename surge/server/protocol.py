@@ -14,7 +14,6 @@ from typing import Any, ClassVar, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Field,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -28,6 +27,15 @@ from pydantic import (
 
 from surge.sampling_params import SamplingParams
 from surge.server.errors import BadRequestError
+from surge.server.protocol_structured import (
+    NamedToolChoice,
+    ResponseFormat,
+    StructuredOutputsParams,
+    ToolSpec,
+    structured_output_of,
+    tool_plan_of,
+    with_tool_plan,
+)
 from surge.server.tools import ToolPlan
 from surge.structured_output import StructuredOutput
 
@@ -111,49 +119,6 @@ def _non_empty_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
 _PARAM_RE = re.compile(r"^([a-z_]+) ")
 
 
-class JsonSchemaFormat(_Model):
-    name: StrictStr = "response"
-    description: StrictStr | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: StrictBool | None = None
-
-
-class FunctionSpec(_Model):
-    name: StrictStr
-    description: StrictStr | None = None
-    parameters: dict[str, Any] | None = None
-    strict: StrictBool | None = None
-
-
-class ToolSpec(_Model):
-    type: Literal["function"]
-    function: FunctionSpec
-
-
-class FunctionName(_Model):
-    name: StrictStr
-
-
-class NamedToolChoice(_Model):
-    type: Literal["function"]
-    function: FunctionName
-
-
-class ResponseFormat(_Model):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-class StructuredOutputsParams(_Model):
-    """vLLM's `structured_outputs`: exactly one of these."""
-
-    json_: dict[str, Any] | StrictStr | None = Field(default=None, alias="json")
-    regex: StrictStr | None = None
-    choice: list[StrictStr] | None = None
-    grammar: StrictStr | None = None
-    json_object: StrictBool | None = None
-
-
 class _SamplingRequest(_Model):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI + vLLM extras)."""
 
@@ -224,38 +189,8 @@ class _SamplingRequest(_Model):
 
     def structured_output(self) -> StructuredOutput | None:
         """What the output must match, validated; 400 naming the field otherwise."""
-        asked: list[tuple[str, Callable[[], StructuredOutput]]] = []
-        fmt = self.response_format
-        if fmt is not None and fmt.type == "json_object":
-            asked.append(("response_format", lambda: StructuredOutput("json_object")))
-        elif fmt is not None and fmt.type == "json_schema":
-            schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
-            if schema is None:
-                raise BadRequestError(
-                    "response_format: type json_schema needs json_schema.schema",
-                    param="response_format",
-                )
-            asked.append(("response_format", lambda: StructuredOutput.json_schema(schema)))
-        so = self.structured_outputs
-        if so is not None:
-            asked += _vllm_structured("structured_outputs.", so.json_, so.regex, so.choice,
-                                      so.grammar, bool(so.json_object))  # fmt: skip
-        asked += _vllm_structured("guided_", self.guided_json, self.guided_regex,
-                                  self.guided_choice, self.guided_grammar, False)  # fmt: skip
-        if not asked:
-            return None
-        name = asked[-1][0]
-        if len(asked) > 1:
-            names = ", ".join(n for n, _ in asked)
-            raise BadRequestError(
-                f"{name}: give one structured output constraint, not several ({names})", param=name
-            )
-        try:
-            structured = asked[0][1]()
-            structured.grammar()
-        except ValueError as e:
-            raise BadRequestError(f"{name}: {e}", param=name) from None
-        return structured
+        guided = (self.guided_json, self.guided_regex, self.guided_choice, self.guided_grammar)
+        return structured_output_of(self.response_format, self.structured_outputs, guided)
 
     def _sampling_params(
         self, *, max_tokens: int | None, logprobs: int | None, renames: Mapping[str, str]
@@ -288,30 +223,6 @@ class _SamplingRequest(_Model):
             )
         except ValueError as exc:
             raise _sampling_error(str(exc), renames) from exc
-
-
-def _vllm_structured(
-    prefix: str,
-    json_: dict[str, Any] | str | None,
-    regex: str | None,
-    choice: list[str] | None,
-    grammar: str | None,
-    json_object: bool,
-) -> list[tuple[str, Callable[[], StructuredOutput]]]:
-    """vLLM's forms, `structured_outputs.{json,regex,...}` or `guided_{json,regex,...}`: (the
-    field's name, how to build its constraint) for each one given."""
-    out: list[tuple[str, Callable[[], StructuredOutput]]] = []
-    if json_ is not None:
-        out.append((f"{prefix}json", lambda: StructuredOutput.json_schema(json_)))
-    if regex is not None:
-        out.append((f"{prefix}regex", lambda: StructuredOutput("regex", regex)))
-    if choice is not None:
-        out.append((f"{prefix}choice", lambda: StructuredOutput.choice(choice)))
-    if grammar is not None:
-        out.append((f"{prefix}grammar", lambda: StructuredOutput("grammar", grammar)))
-    if json_object:
-        out.append((f"{prefix}json_object", lambda: StructuredOutput("json_object")))
-    return out
 
 
 def _sampling_error(message: str, renames: Mapping[str, str]) -> BadRequestError:
@@ -402,49 +313,11 @@ class ChatCompletionRequest(_SamplingRequest):
         return value
 
     def tool_plan(self) -> ToolPlan | None:
-        """How tool_choice holds the output, or None when it does not; 400 for what cannot be
-        served: "auto" with tools needs a model-specific tool-call parser this server lacks."""
-        tools = {t.function.name: t.function.parameters for t in self.tools or ()}
-        choice = self.tool_choice
-        if choice is None:
-            choice = "auto" if tools else "none"
-        if choice == "none":
-            return None
-        if choice == "auto":
-            raise BadRequestError(
-                "tool_choice: 'auto' (the default with tools) needs a parser of this model's "
-                "own tool-call syntax, which this server does not have; send tool_choice "
-                "'required' or a named function, and the output is held to the call's JSON",
-                param="tool_choice",
-            )
-        if not tools:
-            raise BadRequestError(f"tool_choice: {choice!r} needs tools", param="tool_choice")
-        if choice == "required":
-            return ToolPlan.required(tools)
-        assert isinstance(choice, NamedToolChoice)
-        name = choice.function.name
-        if name not in tools:
-            raise BadRequestError(
-                f"tool_choice: function {name!r} is not among the tools", param="tool_choice"
-            )
-        return ToolPlan.named_function(name, tools[name])
+        """How tool_choice holds the output, or None when it does not (400 for "auto")."""
+        return tool_plan_of(self.tools, self.tool_choice)
 
     def structured_output(self) -> StructuredOutput | None:
-        plan = self.tool_plan()
-        other = super().structured_output()
-        if plan is None:
-            return other
-        if other is not None:
-            raise BadRequestError(
-                "tool_choice: a forced tool call cannot be combined with response_format or "
-                "guided decoding",
-                param="tool_choice",
-            )
-        try:
-            plan.structured.grammar()
-        except ValueError as e:
-            raise BadRequestError(f"tools: a function's parameters: {e}", param="tools") from None
-        return plan.structured
+        return with_tool_plan(self.tool_plan(), super().structured_output())
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools as the chat template takes them (None: the template shows none)."""
