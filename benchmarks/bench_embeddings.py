@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -124,25 +125,30 @@ class KeepAliveConnection:
             await self.writer.wait_closed()
 
 
-async def closed_loop(
-    url: str, clients: int, seconds: float, seed: int
+RequestMaker = Callable[[int, int], tuple[dict[str, object], dict[str, str]]]
+
+
+async def closed_loop_requests(
+    url: str, clients: int, seconds: float, path: str, make: RequestMaker
 ) -> tuple[float, list[float]]:
-    """(inputs per second, latencies in s) of `clients` clients for `seconds`."""
+    """(requests per second, latencies in s) of `clients` closed-loop clients for `seconds`,
+    each sending `make(client, n)` = (JSON body, headers) as its n-th request to `path`."""
     latencies: list[float] = []
     host, port = url.removeprefix("http://").split(":")
     stop_at = time.perf_counter() + seconds
 
     async def client(i: int) -> None:
-        rng = random.Random(seed * 1000 + i)
         conn = KeepAliveConnection(host, int(port))
+        n = 0
         try:
             while time.perf_counter() < stop_at:
                 t0 = time.perf_counter()
-                body = {"model": "emb", "input": sentence(rng), "encoding_format": "base64"}
-                status, data = await conn.post_json("/v1/embeddings", body)
+                body, headers = make(i, n)
+                status, data = await conn.post_json(path, body, headers)
                 if status != 200:
                     raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
                 latencies.append(time.perf_counter() - t0)
+                n += 1
         finally:
             await conn.close()
 
@@ -150,6 +156,18 @@ async def closed_loop(
     await asyncio.gather(*(client(i) for i in range(clients)))
     elapsed = time.perf_counter() - start
     return len(latencies) / elapsed, latencies
+
+
+async def closed_loop(
+    url: str, clients: int, seconds: float, seed: int
+) -> tuple[float, list[float]]:
+    """(inputs per second, latencies in s): one random sentence per request."""
+    rngs = [random.Random(seed * 1000 + i) for i in range(clients)]
+
+    def make(i: int, n: int) -> tuple[dict[str, object], dict[str, str]]:
+        return {"model": "emb", "input": sentence(rngs[i]), "encoding_format": "base64"}, {}
+
+    return await closed_loop_requests(url, clients, seconds, "/v1/embeddings", make)
 
 
 def pct(values: list[float], q: float) -> float:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_embeddings import KeepAliveConnection, pct, wait_ready
+from benchmarks.bench_embeddings import closed_loop_requests, pct, wait_ready
 from tests.observability.otlp_receiver import OtlpReceiver
 from tests.servers import free_port
 
@@ -46,36 +46,18 @@ def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 async def closed_loop(
     url: str, clients: int, seconds: float, max_tokens: int
 ) -> tuple[float, list[float]]:
-    """(requests per second, latencies in s) of `clients` clients for `seconds`."""
-    latencies: list[float] = []
-    host, port = url.removeprefix("http://").split(":")
-    stop_at = time.perf_counter() + seconds
+    """(requests per second, latencies in s): chat requests, each with a traceparent."""
 
-    async def client(i: int) -> None:
-        conn = KeepAliveConnection(host, int(port))
-        n = 0
-        try:
-            while time.perf_counter() < stop_at:
-                t0 = time.perf_counter()
-                body = {
-                    "messages": [{"role": "user", "content": PROMPTS[(i + n) % len(PROMPTS)]}],
-                    "max_tokens": max_tokens,
-                    "temperature": 0.0,
-                }
-                traceparent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
-                status, data = await conn.post_json(
-                    "/v1/chat/completions", body, {"traceparent": traceparent}
-                )
-                if status != 200:
-                    raise RuntimeError(f"HTTP {status}: {data[:200]!r}")
-                latencies.append(time.perf_counter() - t0)
-                n += 1
-        finally:
-            await conn.close()
+    def make(i: int, n: int) -> tuple[dict[str, object], dict[str, str]]:
+        body: dict[str, object] = {
+            "messages": [{"role": "user", "content": PROMPTS[(i + n) % len(PROMPTS)]}],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+        }
+        traceparent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+        return body, {"traceparent": traceparent}
 
-    start_s = time.perf_counter()
-    await asyncio.gather(*(client(i) for i in range(clients)))
-    return len(latencies) / (time.perf_counter() - start_s), latencies
+    return await closed_loop_requests(url, clients, seconds, "/v1/chat/completions", make)
 
 
 def span_cost(n: int = 5000) -> None:
