@@ -26,6 +26,7 @@ from surge.gateway.balancers import Balancer, make_balancer
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
 from surge.gateway.degrade import DEGRADED_HEADER, cap_max_tokens, decide
 from surge.gateway.errors import (
+    BadRequest,
     GatewayError,
     NotFound,
     PayloadTooLarge,
@@ -254,6 +255,7 @@ async def _admit_and_forward(
 ) -> Response:
     config, metrics, limiter = state.config, state.metrics, state.limiter
     body = await _read_body(request, config.max_body_bytes)
+    timeout_s = _client_timeout(request, config.timeout_header)
     parsed = _json_object(body) if generation else None
     prefix = config.prefix if config.policy is Policy.PREFIX else None
     key = route_key(parsed, request.headers.get(config.session_header), prefix)
@@ -279,6 +281,7 @@ async def _admit_and_forward(
             arrival_s=arrival_s,
             queued_s=queued_s,
             trace_context=trace.set_span_in_context(span) if state.tracing.enabled else None,
+            timeout_s=timeout_s,
         )
         if parsed is not None:
             _degrade(state, preq, parsed)
@@ -292,6 +295,20 @@ async def _admit_and_forward(
     finally:
         if not handed_off:
             limiter.release(api_key)
+
+
+def _client_timeout(request: Request, header: str) -> float | None:
+    """The deadline the client asks for in `header` (seconds), or None."""
+    raw = request.headers.get(header)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise BadRequest(f"{header} must be a positive number of seconds, got {raw!r}")
+    return value
 
 
 def _degrade(state: GatewayState, preq: ProxyRequest, parsed: dict[str, Any]) -> None:

@@ -214,6 +214,9 @@ class GatewayConfig:
     # long for one to appear, counted in surge_gateway_requests_awaiting_upstream, which is
     # what wakes the autoscaler. 0: 503 at once.
     activation_timeout_s: float = 0.0
+    # A client may ask for a shorter deadline than timeouts.total_s in this header (seconds);
+    # each attempt tells its upstream, in the same header, the time left (deadline propagation).
+    timeout_header: str = "x-surge-timeout"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", Policy(self.policy))

@@ -85,6 +85,7 @@ class ProxyRequest:
     arrival_s: float = 0.0  # perf_counter() when the gateway got it (overhead metric)
     queued_s: float = 0.0  # time spent waiting for a concurrency slot
     trace_context: Context | None = None  # the gateway's span of this request, when tracing
+    timeout_s: float | None = None  # the client's deadline, when shorter than total_s
 
 
 @dataclass(slots=True)
@@ -160,7 +161,10 @@ class Proxy:
     async def forward(self, req: ProxyRequest) -> Response:
         """The answer for `req`; raises GatewayError when the gateway answers itself."""
         retry = self.config.retry
-        deadline_s = self.clock() + self.config.timeouts.total_s
+        total_s = self.config.timeouts.total_s
+        if req.timeout_s is not None:
+            total_s = min(total_s, req.timeout_s)
+        deadline_s = self.clock() + total_s
         if self.config.activation_timeout_s > 0 and not self.pool.group(req.group):
             await self._await_upstream(req.group, deadline_s)
         self.budget.record_request(self.clock())
@@ -243,9 +247,12 @@ class Proxy:
     ) -> Response | _Attempt:
         timeouts = self.config.timeouts
         lease = Lease(self, up, permit, self._attempt_span(up, req, first))
-        headers = req.headers
+        # The upstream learns the time left, so that it gives up (and frees the batch slot) when
+        # no one will wait for the answer any more.
+        left_s = max(0.001, deadline_s - self.clock())
+        headers = {**req.headers, self.config.timeout_header: f"{left_s:.3f}"}
         if self.tracing.enabled:
-            headers = {**headers, **inject(lease.span)}
+            headers.update(inject(lease.span))
         request = self.client.build_request(
             req.method, up.url + req.path, headers=headers, content=req.body
         )

@@ -24,6 +24,9 @@ class ServerConfig:
     requests_per_minute: int | None = None  # per API key (or client) rate limits
     tokens_per_minute: int | None = None
     request_timeout_s: float | None = 600.0  # None: no timeout
+    # A client (or a gateway, with what is left of its own deadline) may ask for less, never
+    # more, in this header: seconds, a decimal number.
+    timeout_header: str = "x-surge-timeout"
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
     max_body_bytes: int = 4 * 1024 * 1024
     default_max_tokens: int | None = None  # None: up to the context length, as vLLM

@@ -69,6 +69,7 @@ class Job:
     operation: str = "text_completion"  # OpenTelemetry's gen_ai.operation.name: or "chat"
     trace_context: Context | None = None  # the caller's trace (traceparent), when tracing
     error: str | None = None  # why it failed (timeout, engine error), for its span
+    timeout_s: float | None = None  # the server's, or the shorter one the request asked for
 
     def events(self) -> AsyncIterator[Event]:
         return generate_merged(
@@ -92,6 +93,12 @@ class Job:
                 c.finish_reason = d.finish_reason
             out.append((i, d))
         return out
+
+    def remaining_s(self) -> float | None:
+        """The timeout left, counted from the request's arrival (None: none)."""
+        if self.timeout_s is None:
+            return None
+        return max(0.0, self.timeout_s - (time.monotonic() - self.timing.arrival_s))
 
     def usage(self) -> UsageInfo:
         return UsageInfo.of(
@@ -153,8 +160,9 @@ def start_job(
 
     `priority`: the body's, or None when it has none (the header then decides).
     """
-    from surge.server.state import client_key
+    from surge.server.state import client_key, request_timeout_s
 
+    timeout_s = request_timeout_s(request, state.config)  # a bad header: 400 before admission
     if state.client.dead_reason is not None:
         raise ServiceUnavailableError("engine is not running", retry_after_s=5, code="engine_dead")
     tenant = resolve_tenant(request, user, state.config)
@@ -177,6 +185,7 @@ def start_job(
         cache_salt=cache_salt,
         choices=[Choice() for _ in range(len(prompts) * params.n)],
         operation=operation,
+        timeout_s=timeout_s,
         trace_context=tracing.extract(request.headers) if state.tracing.enabled else None,
     )
     return job
@@ -206,7 +215,7 @@ async def run_to_completion(job: Job, request: Request) -> bool:
     async def consume() -> None:
         events = job.events()
         try:
-            async with asyncio.timeout(job.state.config.request_timeout_s):
+            async with asyncio.timeout(job.remaining_s()):
                 async for ev in events:
                     job.apply(ev)
         finally:
@@ -255,7 +264,7 @@ def stream_response(
         try:
             for chunk in first:
                 yield chunk
-            async with asyncio.timeout(job.state.config.request_timeout_s):
+            async with asyncio.timeout(job.remaining_s()):
                 async for ev in events:
                     for chunk in render(job.apply(ev)):
                         yield chunk

@@ -14,7 +14,7 @@ from surge.observability.tracing import Tracing
 from surge.server.admission import Admission, AdmissionController
 from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
-from surge.server.errors import NotFoundError, RateLimitError, SurgeHTTPError
+from surge.server.errors import BadRequestError, NotFoundError, RateLimitError, SurgeHTTPError
 from surge.server.rate_limit import RateLimiter
 
 
@@ -106,6 +106,25 @@ class ServerState:
                 retry_after_s=wait,
                 code="rate_limit_exceeded",
             )
+
+
+def request_timeout_s(request: Request, config: ServerConfig) -> float | None:
+    """The server's request timeout, or the shorter one the request's timeout header asks for
+    (400 for a header that is not a positive number of seconds)."""
+    raw = request.headers.get(config.timeout_header)
+    if raw is None:
+        return config.request_timeout_s
+    try:
+        asked = float(raw)
+    except ValueError:
+        asked = float("nan")
+    if not asked > 0 or asked == float("inf"):
+        raise BadRequestError(
+            f"{config.timeout_header} must be a positive number of seconds, got {raw!r}",
+            param=config.timeout_header,
+        )
+    limit = config.request_timeout_s
+    return asked if limit is None else min(asked, limit)
 
 
 def get_state(request: Request) -> ServerState:

@@ -29,6 +29,7 @@ class Script:
     healthy: bool = True
     num_waiting: int = 0
     num_requests: int = 0
+    last_headers: dict[str, str] | None = None  # of the last completion request
 
 
 def scripted_app(script: Script) -> FastAPI:
@@ -47,6 +48,7 @@ def scripted_app(script: Script) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
         script.num_requests += 1
+        script.last_headers = dict(request.headers)
         body = await request.json()
         if script.mode == "status":
             headers = {"retry-after": script.retry_after} if script.retry_after else None

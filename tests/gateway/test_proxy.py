@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -224,3 +225,27 @@ async def _until(cond: Any, timeout_s: float = 3.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not cond():
             await asyncio.sleep(0.02)
+
+
+async def test_a_client_deadline_is_kept_and_passed_on_as_the_time_left() -> None:
+    """x-surge-timeout: the gateway gives up at the client's deadline when it is shorter than
+    its own, and tells each attempt's upstream the time left."""
+    slow, good = Script("a", mode="hang", delay_s=5), Script("b")
+    async with fleet(good) as (client, _):
+        r = await client.post(
+            "/v1/completions", json={"prompt": "hi"}, headers={"x-surge-timeout": "7.5"}
+        )
+        assert r.status_code == 200
+        assert good.last_headers is not None
+        left = float(good.last_headers["x-surge-timeout"])
+        assert 7.0 < left <= 7.5  # what was left when it was sent
+        await complete(client)
+        assert 9.0 < float(good.last_headers["x-surge-timeout"]) <= 10  # total_s, by default
+        bad = await client.post("/v1/completions", json={"prompt": "hi"},
+                                headers={"x-surge-timeout": "soon"})  # fmt: skip
+        assert bad.status_code == 400 and "x-surge-timeout" in bad.json()["error"]["message"]
+    async with fleet(slow) as (client, _):
+        t0 = time.monotonic()
+        r = await client.post("/v1/completions", json={"prompt": "hi"},
+                              headers={"x-surge-timeout": "0.5"})  # fmt: skip
+        assert r.status_code == 504 and time.monotonic() - t0 < 3

@@ -19,7 +19,7 @@ from surge.server.errors import (
 from surge.server.protocol_embeddings import MAX_INPUTS, EmbeddingRequest, embedding_response
 from surge.server.request_span import record_embedding_span
 from surge.server.serving import wait_disconnect
-from surge.server.state import client_key, get_state
+from surge.server.state import client_key, get_state, request_timeout_s
 
 router = APIRouter()
 
@@ -69,17 +69,16 @@ async def _embed(
     encoding_format: str,
 ) -> Response:
     state = get_state(request)
+    timeout_s = request_timeout_s(request, state.config)
     state.check_embedding_request(client_key(request), num_tokens)
     work = asyncio.create_task(service.embed(token_ids))
     watcher = asyncio.create_task(wait_disconnect(request))
     try:
-        async with asyncio.timeout(state.config.request_timeout_s):
+        async with asyncio.timeout(timeout_s):
             await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
     except TimeoutError:
         state.metrics.observe_abort("timeout")
-        raise RequestTimeoutError(
-            f"request timed out after {state.config.request_timeout_s:.0f}s"
-        ) from None
+        raise RequestTimeoutError(f"request timed out after {timeout_s:g}s") from None
     finally:
         watcher.cancel()
         if not work.done():
