@@ -170,6 +170,18 @@ async def closed_loop(
     return await closed_loop_requests(url, clients, seconds, "/v1/embeddings", make)
 
 
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to every process still running (each drains), then wait; SIGKILL after 30 s."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))]
@@ -218,14 +230,7 @@ def main() -> None:
                 flush=True,
             )
     finally:
-        for _, proc in servers.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _, proc in servers.values():
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all([proc for _, proc in servers.values()])
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import os
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.bench_embeddings import closed_loop_requests, pct, wait_ready
+from benchmarks.bench_embeddings import closed_loop_requests, pct, stop_all, wait_ready
 from tests.observability.otlp_receiver import OtlpReceiver
 from tests.servers import free_port
 
@@ -152,14 +151,7 @@ def main() -> None:
             print(f"spans received for {sent} traced requests: {got} ({got / max(sent, 1):.2f} "
                   "per request; 3 expected: gateway, attempt, server)")  # fmt: skip
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_all(procs)
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ class StructuredOutput:
             raise ValueError("choice must be a non-empty list of non-empty strings")
         return cls("choice", json.dumps(choices))
 
-    def grammar(self) -> str:
-        """The llguidance grammar (validated); raises ValueError naming what is wrong."""
+    def grammar(self, validate: bool = True) -> str:
+        """The llguidance grammar; raises ValueError naming what is wrong. `validate=False`:
+        build only, for a caller whose matcher reports errors itself (the engine, after the
+        API process validated the request)."""
         import llguidance as llg
 
         matcher = llg.LLMatcher
@@ -66,13 +68,14 @@ class StructuredOutput:
             else:
                 grammar = matcher.grammar_from_lark(self.spec)
         except ValueError as e:
-            raise ValueError(f"{self._what()} is not valid: {e}") from None
-        error = matcher.validate_grammar(grammar)
+            raise ValueError(f"{self.what()} is not valid: {e}") from None
+        error = matcher.validate_grammar(grammar) if validate else ""
         if error:
-            raise ValueError(f"{self._what()} is not valid: {error.strip()}")
+            raise ValueError(f"{self.what()} is not valid: {error.strip()}")
         return grammar
 
-    def _what(self) -> str:
+    def what(self) -> str:
+        """What the spec is, for an error message: 'the JSON schema', 'the regex'..."""
         return {
             "json": "the JSON schema",
             "json_object": "the JSON object grammar",

@@ -30,6 +30,7 @@ from surge.autoscale.forecast import HoltForecaster
 from surge.autoscale.providers.base import Provider, Replica, ReplicaStartError, ReplicaState
 from surge.autoscale.signals import SignalTracker, scrape_all
 from surge.observability.autoscaler_metrics import AutoscalerMetrics
+from surge.observability.scan import scan_metrics
 
 AWAITING = "surge_gateway_requests_awaiting_upstream"  # the gateway's gauge
 log = logging.getLogger(__name__)
@@ -215,10 +216,4 @@ async def scrape_awaiting(client: httpx.AsyncClient, url: str | None, timeout_s:
         resp.raise_for_status()
     except httpx.HTTPError:
         return 0.0
-    for line in resp.text.splitlines():
-        if line.startswith(AWAITING + " "):
-            try:
-                return float(line.split()[1])
-            except (IndexError, ValueError):
-                return 0.0
-    return 0.0
+    return scan_metrics(resp.text, {AWAITING: "awaiting"}).get("awaiting", 0.0)

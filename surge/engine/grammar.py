@@ -43,9 +43,10 @@ class GrammarCompiler:
         """A fresh matcher at the grammar's start; raises ValueError for a bad grammar."""
         import llguidance as llg
 
-        m = llg.LLMatcher(self._index(), structured.grammar(), log_level=0)
+        # Validated by the API process already; the matcher reports what is wrong itself.
+        m = llg.LLMatcher(self._index(), structured.grammar(validate=False), log_level=0)
         if m.is_error():
-            raise ValueError(f"structured output: {m.get_error()}")
+            raise ValueError(f"{structured.what()} is not valid: {m.get_error()}")
         return m
 
 

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from surge.deadline import parse_timeout
 from surge.gateway.balancers import Balancer, make_balancer
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
 from surge.gateway.degrade import DEGRADED_HEADER, cap_max_tokens, decide
@@ -303,12 +304,9 @@ def _client_timeout(request: Request, header: str) -> float | None:
     if raw is None:
         return None
     try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise BadRequest(f"{header} must be a positive number of seconds, got {raw!r}")
-    return value
+        return parse_timeout(raw, header)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
 
 
 def _degrade(state: GatewayState, preq: ProxyRequest, parsed: dict[str, Any]) -> None:

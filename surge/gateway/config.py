@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import urlsplit
 
+from surge.deadline import TIMEOUT_HEADER
 from surge.observability.tracing import TracingConfig
 
 
@@ -216,7 +217,7 @@ class GatewayConfig:
     activation_timeout_s: float = 0.0
     # A client may ask for a shorter deadline than timeouts.total_s in this header (seconds);
     # each attempt tells its upstream, in the same header, the time left (deadline propagation).
-    timeout_header: str = "x-surge-timeout"
+    timeout_header: str = TIMEOUT_HEADER
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", Policy(self.policy))

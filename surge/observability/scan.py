@@ -14,7 +14,8 @@ def scan_metrics(
     one name (one per model or engine) add up, except fields in `keep_max`, which take the
     largest (a KV usage: the fullest cache). Malformed lines are skipped; absent fields stay out.
     """
-    prefixes = tuple({name.split(":", 1)[0] + ":" for name in wanted})
+    # A cheap first filter: vLLM-style names by their namespace ("vllm:"), others whole.
+    prefixes = tuple({name.split(":", 1)[0] + ":" if ":" in name else name for name in wanted})
     found: dict[str, float] = {}
     for line in text.splitlines():
         if not line.startswith(prefixes):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from surge.batching.config import BatcherConfig
+from surge.deadline import TIMEOUT_HEADER
 from surge.observability.tracing import TracingConfig
 
 
@@ -26,7 +27,7 @@ class ServerConfig:
     request_timeout_s: float | None = 600.0  # None: no timeout
     # A client (or a gateway, with what is left of its own deadline) may ask for less, never
     # more, in this header: seconds, a decimal number.
-    timeout_header: str = "x-surge-timeout"
+    timeout_header: str = TIMEOUT_HEADER
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
     max_body_bytes: int = 4 * 1024 * 1024
     default_max_tokens: int | None = None  # None: up to the context length, as vLLM

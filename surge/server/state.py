@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from surge.deadline import parse_timeout
 from surge.engine.client import AsyncEngineClient
 from surge.models.tokenizer import Tokenizer
 from surge.observability.metrics import ServerMetrics
@@ -115,14 +116,9 @@ def request_timeout_s(request: Request, config: ServerConfig) -> float | None:
     if raw is None:
         return config.request_timeout_s
     try:
-        asked = float(raw)
-    except ValueError:
-        asked = float("nan")
-    if not asked > 0 or asked == float("inf"):
-        raise BadRequestError(
-            f"{config.timeout_header} must be a positive number of seconds, got {raw!r}",
-            param=config.timeout_header,
-        )
+        asked = parse_timeout(raw, config.timeout_header)
+    except ValueError as e:
+        raise BadRequestError(str(e), param=config.timeout_header) from None
     limit = config.request_timeout_s
     return asked if limit is None else min(asked, limit)
 

@@ -39,3 +39,19 @@ def test_tracker_turns_counters_into_rates_per_replica() -> None:
     later = tracker.update(20.0, [restarted, ReplicaLoad("b", True, received=520)])
     assert later.arrival_rps == pytest.approx(2.0)  # from b alone
     assert later.mean_latency_s == pytest.approx(2.0)  # kept until new requests finish
+
+
+def test_scan_reads_names_with_and_without_a_namespace() -> None:
+    """vLLM-style `vllm:x` series and plain Prometheus names (the gateway's
+    surge_gateway_requests_awaiting_upstream, read by the autoscaler at zero replicas)."""
+    from surge.observability.scan import scan_metrics
+
+    text = (
+        "# HELP surge_gateway_requests_awaiting_upstream x\n"
+        "surge_gateway_requests_awaiting_upstream 3.0\n"
+        "surge_gateway_requests_awaiting_upstream_other 9.0\n"
+        'vllm:num_requests_waiting{model_name="m"} 2.0\n'
+    )
+    wanted = {"surge_gateway_requests_awaiting_upstream": "awaiting",
+              "vllm:num_requests_waiting": "waiting"}  # fmt: skip
+    assert scan_metrics(text, wanted) == {"awaiting": 3.0, "waiting": 2.0}
