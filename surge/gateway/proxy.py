@@ -280,7 +280,12 @@ class Proxy:
                 lease.finish(Outcome.FAILURE, kind)
                 err: GatewayError = GatewayTimeout(f"upstream timed out ({kind})", code=kind)
                 return _Attempt(Outcome.FAILURE, error=err, kind=kind)
-            if isinstance(e, httpx.HTTPError):
+            if isinstance(e, Exception):
+                # httpx's errors, and what its transport lets through unwrapped: anyio raised
+                # AttributeError on the socket of an upstream killed mid-connect (a 500 in the
+                # kill -9 test). Either way the upstream failed: retry elsewhere.
+                if not isinstance(e, httpx.HTTPError):
+                    log.warning("upstream %s: transport error %r", up.url, e)
                 kind = (
                     "connect"
                     if isinstance(e, httpx.ConnectError | httpx.TimeoutException)
