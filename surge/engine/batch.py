@@ -14,6 +14,7 @@ class ScheduledRequest:
     start_pos: int  # == num_computed_tokens before this step
     block_table: tuple[int, ...]  # covers start_pos + len(token_ids) tokens
     sampling: SamplingRow | None  # set when this chunk reaches the end of the known tokens
+    lora_slot: int = -1  # the LoRA adapter's slot; -1: the base model
 
     @property
     def is_decode(self) -> bool:

@@ -116,7 +116,35 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LoRAConfig:
+    """LoRA adapters served beside the base model (surge/engine/lora_manager.py)."""
+
+    enable_lora: bool = False  # implied by `adapters`; alone: adapters come at run time
+    max_loras: int = 4  # adapters resident at once, each in its own slot
+    max_lora_rank: int = 16  # slots are sized for this rank; larger adapters are refused
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, PEFT folder) loaded at start
+
+    @property
+    def active(self) -> bool:
+        return self.enable_lora or bool(self.adapters)
+
+    def __post_init__(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if len(self.adapters) > self.max_loras:
+            raise ValueError(
+                f"{len(self.adapters)} LoRA adapters given, max_loras is {self.max_loras}"
+            )
+        names = [n for n, _ in self.adapters]
+        if len(set(names)) != len(names):
+            raise ValueError("LoRA adapter names must be unique")
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)

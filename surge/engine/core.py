@@ -15,6 +15,7 @@ from surge.engine.config import EngineConfig
 from surge.engine.grammar import GrammarCompiler
 from surge.engine.kv_cache import KVCachePlan
 from surge.engine.loader import load_model
+from surge.engine.lora_manager import LoRAManager
 from surge.engine.model_runner import ModelRunner
 from surge.engine.outputs import EngineCoreOutput, EngineCoreRequest, EngineStats
 from surge.engine.policies import make_policy
@@ -65,6 +66,16 @@ class EngineCore:
             config.scheduler.max_num_seqs,
             self.max_model_len,
         )
+        # After the runner: the fused 4-bit stack and CUDA graphs hold the base layers, and
+        # steps with adapters run eagerly through the wrappers.
+        self.loras: LoRAManager | None = None
+        if config.lora.active:
+            self.loras = LoRAManager(
+                self.model, files.spec, config.lora, loaded.precision.dtype, device
+            )
+            for name, path in config.lora.adapters:
+                self.loras.add(name, path)
+            self.runner.lora_batch = self.loras.batch
         if config.model.compile and config.model.compile_warmup:
             log.info("compiled decode graphs ready in %.1f s", self.runner.warm_up())
         self.blocks = BlockManager(
@@ -95,6 +106,13 @@ class EngineCore:
         seed = creq.seed
         if seed is None:
             seed = creq.params.seed if creq.params.seed is not None else self._rng.getrandbits(63)
+        cache_salt = (creq.cache_salt or "").encode()
+        lora_slot = -1
+        if creq.lora_name is not None:
+            if self.loras is None:
+                raise ValueError("LoRA adapters are not enabled on this server (--enable-lora)")
+            adapter = self.loras.get(creq.lora_name)
+            lora_slot, cache_salt = adapter.slot, cache_salt + adapter.cache_salt
         req = Request(
             creq.req_id,
             list(creq.prompt_token_ids),
@@ -105,13 +123,32 @@ class EngineCore:
             self.plan.block_size,
             priority=creq.priority,
             tenant=creq.tenant,
-            cache_salt=(creq.cache_salt or "").encode(),
+            cache_salt=cache_salt,
             share_prompt_with=creq.share_prompt_with,
             grammar=(
                 self.grammars.matcher(creq.params.structured) if creq.params.structured else None
             ),
+            lora_slot=lora_slot,
         )
         self.scheduler.add(req)
+
+    # ---- LoRA adapters -----------------------------------------------------------------------
+    def add_lora(self, name: str, path: str) -> None:
+        """Load a PEFT adapter under `name`; ValueError says why it cannot be."""
+        if self.loras is None:
+            raise ValueError("LoRA adapters are not enabled on this server (--enable-lora)")
+        self.loras.add(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        if self.loras is None:
+            raise ValueError("LoRA adapters are not enabled on this server (--enable-lora)")
+        self.loras.remove(name, self._live_lora_slots())
+
+    def list_loras(self) -> tuple[tuple[str, str], ...]:
+        return self.loras.listing() if self.loras is not None else ()
+
+    def _live_lora_slots(self) -> list[int]:
+        return [r.lora_slot for r in self.scheduler.requests.values() if r.lora_slot >= 0]
 
     def abort(self, req_id: str, reason: FinishReason = FinishReason.ABORT) -> bool:
         """End a request at once and free its blocks. False if it was not (or no longer) here."""
@@ -122,6 +159,8 @@ class EngineCore:
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[EngineCoreOutput]:
+        if self.loras is not None:
+            self.loras.reap(self._live_lora_slots())  # unloaded adapters whose requests ended
         now = time.monotonic()
         batch = self.scheduler.schedule(now)
         if batch.is_empty:
@@ -172,7 +211,22 @@ class EngineCore:
             num_steps=self._num_steps,
             iteration_tokens=iteration_tokens,
             tenant_tokens=dict(sched.tenant_tokens),
+            **self._lora_stats(),
         )
+
+    def _lora_stats(self) -> dict[str, object]:
+        if self.loras is None:
+            return {}
+        names = self.loras.names_by_slot()
+
+        def adapters(reqs: list[Request]) -> tuple[str, ...]:
+            return tuple(sorted({names[r.lora_slot] for r in reqs if r.lora_slot in names}))
+
+        return {
+            "lora_running": adapters(self.scheduler.running),
+            "lora_waiting": adapters(self.scheduler.waiting),
+            "max_loras": self.loras.config.max_loras,
+        }
 
 
 def _grammar_done(req: Request) -> bool:

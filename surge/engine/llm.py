@@ -9,7 +9,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from surge.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from surge.engine.config import (
+    CacheConfig,
+    EngineConfig,
+    LoRAConfig,
+    ModelConfig,
+    SchedulerConfig,
+)
 from surge.engine.core import EngineCore
 from surge.engine.output_processor import OutputProcessor
 from surge.engine.request import TokenLogprob
@@ -41,7 +47,8 @@ Prompt = str | list[int]
 
 
 class LLM:
-    """Offline generation. Keyword arguments override fields of the engine's configs."""
+    """Offline generation. Keyword arguments override fields of the engine's configs;
+    `lora_modules={"name": "/path/to/peft-folder"}` loads LoRA adapters at start."""
 
     def __init__(
         self,
@@ -63,8 +70,10 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_name: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); results in prompt order."""
+        """Generate for every prompt (text or token ids); results in prompt order.
+        `lora_name`: a loaded adapter for every prompt, or one per prompt (None: the base)."""
         prompt_list = _as_prompt_list(prompts)
         if params is None:
             params = SamplingParams()
@@ -73,15 +82,22 @@ class LLM:
         )
         if len(param_list) != len(prompt_list):
             raise ValueError("params must be one SamplingParams or one per prompt")
+        loras = (
+            [lora_name] * len(prompt_list)
+            if lora_name is None or isinstance(lora_name, str)
+            else list(lora_name)
+        )
+        if len(loras) != len(prompt_list):
+            raise ValueError("lora_name must be one name or one per prompt")
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
-        for prompt, p in zip(prompt_list, param_list, strict=True):
+        for prompt, p, lora in zip(prompt_list, param_list, loras, strict=True):
             if isinstance(prompt, str):
                 ids, text = self.tokenizer.encode(prompt), prompt
             else:
                 ids, text = list(prompt), None
             req_id = str(next(self._ids))
-            creqs = self._processor.add(req_id, ids, p)
+            creqs = self._processor.add(req_id, ids, p, lora_name=lora)
             results[req_id] = RequestOutput(
                 req_id, text, ids, [CompletionOutput(k) for k in range(p.n)]
             )
@@ -110,6 +126,13 @@ class LLM:
         bar.close()
         return [results[r] for r in order]
 
+    def add_lora(self, name: str, path: str) -> None:
+        """Load a PEFT LoRA adapter under `name` (the engine needs enable_lora=True)."""
+        self.engine.add_lora(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        self.engine.remove_lora(name)
+
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     """One prompt (text or a list of token ids) or a sequence of them."""
@@ -126,11 +149,17 @@ def _config_from_kwargs(model: str, overrides: dict[str, object]) -> EngineConfi
     model_kw: dict[str, Any] = {"model": model}
     cache_kw: dict[str, Any] = {}
     sched_kw: dict[str, Any] = {}
+    lora_kw: dict[str, Any] = {}
     for name, value in overrides.items():
+        if name == "lora_modules":
+            assert isinstance(value, dict)
+            lora_kw["adapters"] = tuple((str(k), str(v)) for k, v in value.items())
+            continue
         for cls, kw in (
             (ModelConfig, model_kw),
             (CacheConfig, cache_kw),
             (SchedulerConfig, sched_kw),
+            (LoRAConfig, lora_kw),
         ):
             if name in cls.__dataclass_fields__:
                 kw[name] = value
@@ -138,5 +167,8 @@ def _config_from_kwargs(model: str, overrides: dict[str, object]) -> EngineConfi
         else:
             raise TypeError(f"unknown engine option {name!r}")
     return EngineConfig(
-        ModelConfig(**model_kw), CacheConfig(**cache_kw), SchedulerConfig(**sched_kw)
+        ModelConfig(**model_kw),
+        CacheConfig(**cache_kw),
+        SchedulerConfig(**sched_kw),
+        LoRAConfig(**lora_kw),
     )

@@ -17,6 +17,7 @@ from surge.engine.sampler import Sampler, SamplingRow
 from surge.models.attention import AttnMetadata, PrefillChunk
 from surge.models.kernels import load_int8_linear, load_paged_decode
 from surge.models.llama import LlamaForCausalLM
+from surge.models.lora import LoRABatch
 from surge.models.q4_decode import FusedQ4Decode
 from surge.models.quant import GEMV_MAX_ROWS
 
@@ -72,6 +73,7 @@ class ModelRunner:
         self.block_size = block_size
         self._compiled: Callable[..., Tensor] | None = None
         self._compiled_buckets: set[int] = set()
+        self.lora_batch: LoRABatch | None = None  # set when LoRA adapters are served
         if compile:
             # One graph per bucket, per model in the process (dynamo's cache is per code object,
             # shared by every LlamaForCausalLM): room for all of them.
@@ -95,7 +97,16 @@ class ModelRunner:
     def run(self, batch: SchedulerOutput) -> SampledTokens:
         if batch.is_empty:
             return SampledTokens({})
-        if self._fused_step(batch):
+        if self.lora_batch is not None and any(r.lora_slot >= 0 for r in batch.requests):
+            # Adapters in the step: eagerly through the LoRA wrappers (the fused stack, graphs
+            # and compiled steps hold the base layers only).
+            input_ids, positions, attn, sample_reqs = self.prepare(batch)
+            self.lora_batch.set_rows(self._row_slots(batch), self.device)
+            try:
+                logits = self.model(input_ids, positions, attn)
+            finally:
+                self.lora_batch.clear()
+        elif self._fused_step(batch):
             assert self.fused is not None
             input_ids, positions, attn, sample_reqs = self.prepare(batch, chunks_as_rows=True)
             logits = self.fused(input_ids, positions, attn)
@@ -139,6 +150,13 @@ class ModelRunner:
         if bucket is None:
             return self.model(ids, positions, attn)
         return self._run_compiled(bucket, ids, positions, attn)
+
+    @staticmethod
+    def _row_slots(batch: SchedulerOutput) -> list[int]:
+        """Each input row's LoRA slot, in `prepare`'s row order: decodes, then prefill chunks."""
+        decodes = [r.lora_slot for r in batch.requests if r.is_decode]
+        chunks = [r.lora_slot for r in batch.requests if not r.is_decode for _ in r.token_ids]
+        return decodes + chunks
 
     def _fused_step(self, batch: SchedulerOutput) -> bool:
         """Whether the fused 4-bit stack takes this step: decodes, and prefill chunks up to its

@@ -75,6 +75,7 @@ class OutputProcessor:
         priority: int = 0,
         tenant: str = "",
         cache_salt: str | None = None,
+        lora_name: str | None = None,
     ) -> list[EngineCoreRequest]:
         """Register a request; return the core requests to send (one per sequence)."""
         if req_id in self._parents:
@@ -102,6 +103,7 @@ class OutputProcessor:
                     tenant=tenant,
                     cache_salt=cache_salt,
                     share_prompt_with=None if k == 0 else parent.children[0],
+                    lora_name=lora_name,
                 )
             )
         return out

@@ -21,6 +21,7 @@ class EngineCoreRequest:
     tenant: str = ""
     cache_salt: str | None = None
     share_prompt_with: str | None = None  # sibling req_id whose prompt KV blocks can be shared
+    lora_name: str | None = None  # a loaded LoRA adapter; None: the base model
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +54,7 @@ class EngineStats:
     iteration_tokens: list[int] = field(default_factory=list)  # tokens per step since last stats
     # Tokens scheduled per tenant since start (prefill + decode): the service each tenant got.
     tenant_tokens: dict[str, int] = field(default_factory=dict)
+    # LoRA adapters of running / waiting requests (vLLM's lora_requests_info), and the slots.
+    lora_running: tuple[str, ...] = ()
+    lora_waiting: tuple[str, ...] = ()
+    max_loras: int = 0

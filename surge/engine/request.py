@@ -50,6 +50,7 @@ class Request:
         cache_salt: bytes = b"",
         share_prompt_with: str | None = None,
         grammar: Any = None,
+        lora_slot: int = -1,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
@@ -64,6 +65,7 @@ class Request:
         self.cache_salt = cache_salt
         self.share_prompt_with = share_prompt_with  # a sibling (n > 1) whose prompt KV we reuse
         self.grammar = grammar  # an llguidance matcher (structured output), fed every token
+        self.lora_slot = lora_slot  # the LoRA adapter's slot (-1: none); its salt is in cache_salt
         self.block_size = block_size
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []

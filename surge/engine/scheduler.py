@@ -209,6 +209,7 @@ class Scheduler:
             start_pos=start,
             block_table=tuple(self.blocks.block_table(req.req_id)),
             sampling=sampling,
+            lora_slot=req.lora_slot,
         )
 
     # ---- after the model ran ---------------------------------------------------------------
