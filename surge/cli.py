@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -15,6 +16,7 @@ from surge.engine.config import (
     SCHEDULING_POLICIES,
     CacheConfig,
     EngineConfig,
+    LoRAConfig,
     ModelConfig,
     SchedulerConfig,
 )
@@ -113,6 +115,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-kernels", action="store_true", help="torch ops only (no compiled CPU attention)"
     )
+    lora = p.add_argument_group("LoRA adapters (PEFT folders; a request names one as `model`)")
+    lora.add_argument("--enable-lora", action="store_true", help="implied by --lora-modules")
+    lora.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help='adapters loaded at start: NAME=PATH or {"name": ..., "path": ...}',
+    )
+    lora.add_argument("--max-loras", type=int, default=4, help="adapters resident at once")
+    lora.add_argument("--max-lora-rank", type=int, default=16)
 
 
 def parse_tenant_weight(text: str) -> tuple[str, float]:
@@ -123,6 +136,20 @@ def parse_tenant_weight(text: str) -> tuple[str, float]:
         return tenant, float(weight)
     except ValueError:
         raise SystemExit(f"--tenant-weight expects TENANT=WEIGHT, got {text!r}") from None
+
+
+def parse_lora_module(text: str) -> tuple[str, str]:
+    """vLLM's --lora-modules forms: name=path, or a JSON object with name and path."""
+    if text.lstrip().startswith("{"):
+        try:
+            obj = json.loads(text)
+            return str(obj["name"]), str(obj["path"])
+        except (ValueError, KeyError, TypeError):
+            raise SystemExit(f"--lora-modules: bad JSON adapter {text!r}") from None
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise SystemExit(f"--lora-modules expects NAME=PATH, got {text!r}")
+    return name, path
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -155,6 +182,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             preemption_threshold=args.preemption_threshold or None,
             tenant_weights=tuple(parse_tenant_weight(w) for w in args.tenant_weight),
         ),
+        lora=LoRAConfig(
+            enable_lora=args.enable_lora,
+            max_loras=args.max_loras,
+            max_lora_rank=args.max_lora_rank,
+            adapters=tuple(parse_lora_module(m) for m in args.lora_modules),
+        ),
     )
 
 
@@ -175,7 +208,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     ]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
     t0 = time.perf_counter()
-    outs = llm.generate(texts, params)
+    outs = llm.generate(texts, params, lora_name=args.lora)
     dt = time.perf_counter() - t0
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     for p, o in zip(prompts, outs, strict=True):
@@ -225,6 +258,11 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
     g.add_argument("--default-max-tokens", type=int, default=None)
     g.add_argument("--log-requests", action="store_true")
+    g.add_argument(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
+    )
     g.add_argument(
         "--api-niceness",
         type=int,
@@ -293,6 +331,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_body_bytes=args.max_body_bytes,
         default_max_tokens=args.default_max_tokens,
         log_requests=args.log_requests,
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         api_niceness=args.api_niceness,
         embedding_model=args.embedding_model,
         embedding_model_name=args.embedding_model_name,
@@ -364,6 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--no-chat", dest="chat", action="store_false", help="raw prompts")
+    gen.add_argument("--lora", default=None, help="an adapter of --lora-modules to use")
     gen.set_defaults(func=cmd_generate)
 
     info = sub.add_parser(

@@ -14,7 +14,13 @@ def write_peft_adapter(
     r: int = 8,
     alpha: int = 16,
     targets: tuple[str, ...] = (
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
     ),
     seed: int = 0,
     use_rslora: bool = False,
@@ -40,5 +46,5 @@ def write_peft_adapter(
         for name, p in model.named_parameters():
             if "lora_" in name:
                 p.mul_(scale)
-    model.save_pretrained(out_dir)
+    model.save_pretrained(str(out_dir))
     return out_dir

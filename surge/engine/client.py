@@ -8,6 +8,7 @@ strings, per-request queues) runs on the loop, single-threaded.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing as mp
 import threading
@@ -26,11 +27,14 @@ from surge.engine.protocol import (
     AddRequests,
     Fatal,
     FromEngine,
+    LoadLoRA,
+    LoRAResult,
     Outputs,
     Ready,
     RequestFailed,
     Shutdown,
     ToEngine,
+    UnloadLoRA,
 )
 from surge.models.tokenizer import Tokenizer
 from surge.sampling_params import SamplingParams
@@ -48,6 +52,10 @@ class EngineRequestError(ValueError):
 
 class RequestAbortedError(RuntimeError):
     """The request was aborted from outside its stream (e.g. by a timeout)."""
+
+
+class LoRAUpdateError(ValueError):
+    """The engine refused to load or unload a LoRA adapter; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +87,10 @@ class AsyncEngineClient:
         self.dead_reason: str | None = None
         self._closing = False
         self._on_dead: list[asyncio.Event] = []
+        # LoRA adapters loaded in the engine (name -> path), as of its last answer.
+        self.lora_adapters: dict[str, str] = dict(info.lora_adapters)
+        self._lora_calls: dict[int, asyncio.Future[LoRAResult]] = {}
+        self._call_ids = itertools.count(1)
         self._loop.add_reader(from_engine.fileno(), self._on_readable)
 
     # ---- start and stop --------------------------------------------------------------------
@@ -152,6 +164,7 @@ class AsyncEngineClient:
         cache_salt: str | None = None,
         arrival_s: float | None = None,
         on_queued: Callable[[float], None] | None = None,
+        lora_name: str | None = None,
     ) -> AsyncGenerator[RequestDelta, None]:
         """Stream a request's deltas until it finishes. Closing the iterator aborts it."""
         if self.dead_reason is not None:
@@ -165,6 +178,7 @@ class AsyncEngineClient:
             priority=priority,
             tenant=tenant,
             cache_salt=cache_salt,
+            lora_name=lora_name,
         )
         self._queues[req_id] = queue
         finished = False
@@ -194,6 +208,27 @@ class AsyncEngineClient:
         live = self._processor.remove(req_id)
         if live and self.dead_reason is None:
             self._send(Abort(live))
+
+    # ---- LoRA adapters -----------------------------------------------------------------------
+    async def load_lora(self, name: str, path: str) -> None:
+        """Load a PEFT adapter in the engine; LoRAUpdateError says why it could not be."""
+        await self._lora_call(LoadLoRA(next(self._call_ids), name, path))
+
+    async def unload_lora(self, name: str) -> None:
+        await self._lora_call(UnloadLoRA(next(self._call_ids), name))
+
+    async def _lora_call(self, msg: LoadLoRA | UnloadLoRA) -> None:
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        future: asyncio.Future[LoRAResult] = self._loop.create_future()
+        self._lora_calls[msg.call_id] = future
+        try:
+            self._send(msg)
+            result = await future
+        finally:
+            self._lora_calls.pop(msg.call_id, None)
+        if result.error is not None:
+            raise LoRAUpdateError(result.error)
 
     # ---- engine messages -------------------------------------------------------------------
     def _send(self, msg: ToEngine) -> None:
@@ -238,6 +273,11 @@ class AsyncEngineClient:
             self.abort(parent)
             if q is not None:
                 q.put_nowait(_Failure(EngineRequestError(msg.message)))
+        elif isinstance(msg, LoRAResult):
+            self.lora_adapters = dict(msg.adapters)
+            future = self._lora_calls.get(msg.call_id)
+            if future is not None and not future.done():
+                future.set_result(msg)
         elif isinstance(msg, Fatal):
             self._mark_dead(f"engine failed: {msg.message.strip().splitlines()[-1]}")
 
@@ -252,6 +292,9 @@ class AsyncEngineClient:
             self._queues.pop(req_id, None)
         for ev in self._on_dead:
             ev.set()
+        for future in self._lora_calls.values():
+            if not future.done():
+                future.set_exception(EngineDeadError(reason))
 
 
 def _wait_ready(conn: Connection, process: BaseProcess, timeout_s: float) -> Ready:

@@ -211,22 +211,16 @@ class EngineCore:
             num_steps=self._num_steps,
             iteration_tokens=iteration_tokens,
             tenant_tokens=dict(sched.tenant_tokens),
-            **self._lora_stats(),
+            lora_running=self._adapters_of(sched.running),
+            lora_waiting=self._adapters_of(sched.waiting),
+            max_loras=self.loras.config.max_loras if self.loras is not None else 0,
         )
 
-    def _lora_stats(self) -> dict[str, object]:
+    def _adapters_of(self, reqs: list[Request]) -> tuple[str, ...]:
         if self.loras is None:
-            return {}
+            return ()
         names = self.loras.names_by_slot()
-
-        def adapters(reqs: list[Request]) -> tuple[str, ...]:
-            return tuple(sorted({names[r.lora_slot] for r in reqs if r.lora_slot in names}))
-
-        return {
-            "lora_running": adapters(self.scheduler.running),
-            "lora_waiting": adapters(self.scheduler.waiting),
-            "max_loras": self.loras.config.max_loras,
-        }
+        return tuple(sorted({names[r.lora_slot] for r in reqs if r.lora_slot in names}))
 
 
 def _grammar_done(req: Request) -> bool:

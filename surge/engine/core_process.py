@@ -18,11 +18,14 @@ from surge.engine.protocol import (
     Abort,
     AddRequests,
     Fatal,
+    LoadLoRA,
+    LoRAResult,
     Outputs,
     Ready,
     RequestFailed,
     Shutdown,
     ToEngine,
+    UnloadLoRA,
 )
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,8 @@ def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection)
                 device=str(engine.precision.device),
                 num_blocks=engine.plan.num_blocks,
                 block_size=engine.plan.block_size,
+                lora_adapters=engine.list_loras(),
+                max_loras=engine.config.lora.max_loras if engine.loras is not None else 0,
             )
         )
         _loop(engine, inbox, outbox)
@@ -86,6 +91,16 @@ def _handle(engine: EngineCore, msg: ToEngine, outbox: Connection) -> bool:
     elif isinstance(msg, Abort):
         for req_id in msg.req_ids:
             engine.abort(req_id)
+    elif isinstance(msg, LoadLoRA | UnloadLoRA):
+        error = None
+        try:
+            if isinstance(msg, LoadLoRA):
+                engine.add_lora(msg.name, msg.path)
+            else:
+                engine.remove_lora(msg.name)
+        except ValueError as e:
+            error = str(e)
+        outbox.send(LoRAResult(msg.call_id, error, engine.list_loras()))
     elif isinstance(msg, Shutdown):
         return True
     return False

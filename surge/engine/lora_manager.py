@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from surge.engine.config import LoRAConfig
-from surge.models.lora import LoRAError, LoRAModel, read_peft_adapter
+from surge.models.lora import LoRABatch, LoRAError, LoRAModel, read_peft_adapter
 from surge.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class LoRAManager:
         )
 
     @property
-    def batch(self):  # type: ignore[no-untyped-def]
+    def batch(self) -> LoRABatch:
         return self.lora.batch
 
     def _free_slot(self) -> int | None:

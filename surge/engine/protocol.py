@@ -23,6 +23,30 @@ class Shutdown:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadLoRA:
+    """Load a PEFT adapter under a name; answered by a LoRAResult with the same call_id."""
+
+    call_id: int
+    name: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadLoRA:
+    call_id: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoRAResult:
+    """The outcome of a LoadLoRA / UnloadLoRA: error None on success; the adapters now loaded."""
+
+    call_id: int
+    error: str | None
+    adapters: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Ready:
     """Sent once the model is loaded: what the API process needs to validate requests."""
 
@@ -33,6 +57,8 @@ class Ready:
     device: str
     num_blocks: int
     block_size: int
+    lora_adapters: tuple[tuple[str, str], ...] = ()  # (name, path) loaded at start
+    max_loras: int = 0  # 0: LoRA is not enabled
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,5 +82,5 @@ class Fatal:
     message: str
 
 
-ToEngine = AddRequests | Abort | Shutdown
-FromEngine = Ready | Outputs | RequestFailed | Fatal
+ToEngine = AddRequests | Abort | Shutdown | LoadLoRA | UnloadLoRA
+FromEngine = Ready | Outputs | RequestFailed | Fatal | LoRAResult

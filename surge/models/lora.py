@@ -71,8 +71,10 @@ def read_peft_adapter(path: str | Path, spec: ModelSpec, max_rank: int) -> LoRAW
     for key, t in tensors.items():
         m = _KEY.match(key)
         if m is None:
-            raise LoRAError(f"{folder.name}: unsupported adapter tensor {key!r} (only LoRA on "
-                            f"the decoder layers' {', '.join(TARGETS)} is served)")  # fmt: skip
+            raise LoRAError(
+                f"{folder.name}: unsupported adapter tensor {key!r} (only LoRA on the decoder "
+                f"layers' {', '.join(TARGETS)} is served)"
+            )
         layer, module, half = int(m.group(1)), m.group(2), m.group(3)
         if module not in TARGETS:
             raise LoRAError(f"{folder.name}: LoRA on {module!r} is not supported")
@@ -192,6 +194,9 @@ class LoRABatch:
 class LoRALinear(nn.Module):
     """A projection with its base layer and `max_loras` slots of low-rank pairs."""
 
+    lora_a: Tensor  # [max_loras, parts * max_rank, in_features]
+    lora_b: Tensor  # [max_loras, out_features, parts * max_rank], block-diagonal by part
+
     def __init__(
         self,
         base: nn.Module,
@@ -210,13 +215,10 @@ class LoRALinear(nn.Module):
         self.batch = batch
         parts, out = len(part_sizes), sum(part_sizes)
         # Buffers, not parameters: nothing trains them, and the base's checks ignore them.
-        self.register_buffer(
-            "lora_a", torch.zeros(max_loras, parts * max_rank, in_features, dtype=dtype,
-                                  device=device), persistent=False)  # fmt: skip
-        self.register_buffer(
-            "lora_b", torch.zeros(max_loras, out, parts * max_rank, dtype=dtype, device=device),
-            persistent=False,
-        )
+        shape_a = (max_loras, parts * max_rank, in_features)
+        shape_b = (max_loras, out, parts * max_rank)
+        self.register_buffer("lora_a", torch.zeros(shape_a, dtype=dtype, device=device), False)
+        self.register_buffer("lora_b", torch.zeros(shape_b, dtype=dtype, device=device), False)
 
     def set_slot(self, slot: int, pairs: list[tuple[Tensor, Tensor] | None]) -> None:
         """Write one adapter's pairs (one per part, None: that part untouched) into a slot."""
@@ -249,8 +251,15 @@ class LoRALinear(nn.Module):
 class LoRAModel:
     """The model's adapted projections, by (layer, fused name), and the shared step batch."""
 
-    def __init__(self, model: nn.Module, spec: ModelSpec, max_loras: int, max_rank: int,
-                 dtype: torch.dtype, device: torch.device) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        spec: ModelSpec,
+        max_loras: int,
+        max_rank: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.spec = spec
         self.max_loras = max_loras
         self.max_rank = max_rank
@@ -264,11 +273,13 @@ class LoRAModel:
             "gate_up_proj": ("mlp", h, (inter, inter)),
             "down_proj": ("mlp", inter, (h,)),
         }
-        for i, layer in enumerate(model.layers):  # type: ignore[union-attr, arg-type]
+        for i, layer in enumerate(model.layers):  # type: ignore[arg-type]
             for name, (owner_name, in_f, parts) in shapes.items():
                 owner = getattr(layer, owner_name)
-                wrapped = LoRALinear(getattr(owner, name), in_f, parts, max_loras, max_rank,
-                                     self.batch, dtype, device)  # fmt: skip
+                base = getattr(owner, name)
+                wrapped = LoRALinear(
+                    base, in_f, parts, max_loras, max_rank, self.batch, dtype, device
+                )
                 setattr(owner, name, wrapped)
                 self.layers[(i, name)] = wrapped
 
@@ -288,6 +299,7 @@ class LoRAModel:
 
     def slot_bytes(self) -> int:
         """Memory of one slot across the model."""
-        per = sum(m.lora_a[0].numel() * m.lora_a.element_size()
-                  + m.lora_b[0].numel() * m.lora_b.element_size() for m in self.layers.values())  # fmt: skip
-        return per
+        return sum(
+            (m.lora_a[0].numel() + m.lora_b[0].numel()) * m.lora_a.element_size()
+            for m in self.layers.values()
+        )

@@ -131,6 +131,13 @@ class ServerMetrics:
             ["model_name", "num_gpu_blocks", "block_size"],
             registry=reg,
         )
+        self.lora_requests_info = Gauge(
+            "vllm:lora_requests_info",
+            "LoRA adapters of running and waiting requests (comma-separated); the value is "
+            "the time of the reading, as vLLM's.",
+            ["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+            registry=reg,
+        )
         self.engine_healthy = Gauge(
             "vllm:engine_healthy", "1 when the engine is serving, else 0.", m, registry=reg
         )
@@ -301,6 +308,12 @@ class ServerMetrics:
                 self.cache_config_info.clear()
                 self.cache_config_info.labels(name, str(config[0]), str(config[1])).set(1)
                 self._cache_config = config
+            if stats.max_loras:
+                self.lora_requests_info.clear()  # only the current sets read
+                self.lora_requests_info.labels(
+                    ",".join(stats.lora_running), ",".join(stats.lora_waiting),
+                    str(stats.max_loras),
+                ).set_to_current_time()  # fmt: skip
             for tenant, value in stats.tenant_tokens.items():
                 last = self._last_tenant_tokens.get(tenant, 0)
                 delta = value - last if value >= last else value

@@ -44,6 +44,8 @@ class ServerConfig:
     embedding_model_name: str | None = None
     embedding_batcher: BatcherConfig = field(default_factory=BatcherConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)  # OTLP spans; off by default
+    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read the server's files).
+    allow_runtime_lora_updating: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

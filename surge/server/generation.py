@@ -63,12 +63,14 @@ async def generate_merged(
     priority: int = 0,
     tenant: str = "",
     cache_salt: str | None = None,
+    lora_name: str | None = None,
 ) -> AsyncIterator[Event]:
     """All prompts' deltas in arrival order. Closing the iterator aborts every engine request."""
     if len(prompts) == 1:
         gen = client.generate(
             req_id, prompts[0], params, priority=priority, tenant=tenant,
             cache_salt=cache_salt, arrival_s=timing.arrival_s, on_queued=timing.on_queued,
+            lora_name=lora_name,
         )  # fmt: skip
         try:
             async for rd in gen:
@@ -85,6 +87,7 @@ async def generate_merged(
             async for rd in client.generate(
                 f"{req_id}-{i}", prompt, params, priority=priority, tenant=tenant,
                 cache_salt=cache_salt, arrival_s=timing.arrival_s, on_queued=timing.on_queued,
+                lora_name=lora_name,
             ):  # fmt: skip
                 await queue.put(Event(i, rd))
             await queue.put(None)

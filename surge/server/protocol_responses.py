@@ -47,6 +47,8 @@ class ModelCard(_Model):
     object: Literal["model"] = "model"
     created: int = Field(default_factory=_unix_now)
     owned_by: str = "surge"
+    root: str | None = None  # what it was loaded from (vLLM's field)
+    parent: str | None = None  # a LoRA adapter's base model
     max_model_len: int | None = None
 
 

@@ -70,11 +70,13 @@ class Job:
     trace_context: Context | None = None  # the caller's trace (traceparent), when tracing
     error: str | None = None  # why it failed (timeout, engine error), for its span
     timeout_s: float | None = None  # the server's, or the shorter one the request asked for
+    lora_name: str | None = None  # the LoRA adapter the request's `model` names
 
     def events(self) -> AsyncIterator[Event]:
         return generate_merged(
             self.state.client, self.req_id, self.prompts, self.params, self.timing,
             priority=self.priority, tenant=self.tenant, cache_salt=self.cache_salt,
+            lora_name=self.lora_name,
         )  # fmt: skip
 
     def apply(self, ev: Event) -> list[tuple[int, SequenceDelta]]:
@@ -155,6 +157,7 @@ def start_job(
     priority: int | None,
     cache_salt: str | None,
     operation: str = "text_completion",
+    lora_name: str | None = None,
 ) -> Job:
     """Admit (or raise 429/503) and describe the job; nothing runs until it is consumed.
 
@@ -186,6 +189,7 @@ def start_job(
         choices=[Choice() for _ in range(len(prompts) * params.n)],
         operation=operation,
         timeout_s=timeout_s,
+        lora_name=lora_name,
         trace_context=tracing.extract(request.headers) if state.tracing.enabled else None,
     )
     return job

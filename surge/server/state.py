@@ -62,9 +62,14 @@ class ServerState:
     def max_model_len(self) -> int:
         return self.client.max_model_len
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name not in (self.config.served_model_name, self.model_path):
-            raise NotFoundError.model_not_found(name)
+    def check_model(self, name: str | None) -> str | None:
+        """404 unless `name` is the served model or a loaded LoRA adapter; the adapter's name,
+        or None for the base model."""
+        if name is None or name in (self.config.served_model_name, self.model_path):
+            return None
+        if name in self.client.lora_adapters:
+            return name
+        raise NotFoundError.model_not_found(name)
 
     @property
     def model_path(self) -> str:

@@ -32,9 +32,16 @@ def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         "all": write_peft_adapter(tiny_model_dir, root / "all", r=8, alpha=16, seed=1),
         # attention only, rank 4, rsLoRA scaling and a per-module alpha
         "qv": write_peft_adapter(
-            tiny_model_dir, root / "qv", r=4, alpha=8, targets=("q_proj", "v_proj"), seed=2,
-            use_rslora=True, alpha_pattern={"v_proj": 32}, scale=2.0,
-        ),  # fmt: skip
+            tiny_model_dir,
+            root / "qv",
+            r=4,
+            alpha=8,
+            targets=("q_proj", "v_proj"),
+            seed=2,
+            use_rslora=True,
+            alpha_pattern={"v_proj": 32},
+            scale=2.0,
+        ),
     }
 
 
@@ -64,7 +71,7 @@ def peft_reference(tiny_model_dir: Path, adapters: dict[str, Path]) -> dict[str,
     return out
 
 
-def _tokens(outs: list) -> list[list[int]]:  # type: ignore[type-arg]
+def _tokens(outs: list) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
@@ -138,8 +145,9 @@ def test_load_unload_at_run_time(
     assert tokens == peft_reference["all"][1]
     engine.step()  # an idle step frees the slot
     llm.add_lora("qv", str(adapters["qv"]))
-    assert _tokens(llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False, lora_name="qv")) == (
-        peft_reference["qv"][:2]
+    assert (
+        _tokens(llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False, lora_name="qv"))
+        == (peft_reference["qv"][:2])
     )
     with pytest.raises(ValueError, match="no LoRA adapter named 'all'"):
         llm.generate("Hello", GREEDY, use_tqdm=False, lora_name="all")

@@ -51,7 +51,7 @@ def render_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state = get_state(request)
-    state.check_model(body.model)
+    lora_name = state.check_model(body.model)
     prompt = render_prompt(state, body)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -64,7 +64,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     job = start_job(
         state, request, [prompt], params, request_id=body.request_id, user=body.user,
         priority=body.priority if "priority" in body.model_fields_set else None,
-        cache_salt=body.cache_salt, operation="chat",
+        cache_salt=body.cache_salt, operation="chat", lora_name=lora_name,
     )  # fmt: skip
     model = body.model or state.config.served_model_name
     if body.stream:

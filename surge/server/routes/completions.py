@@ -30,7 +30,7 @@ router = APIRouter()
 @router.post("/v1/completions", response_model=None)
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state = get_state(request)
-    state.check_model(body.model)
+    lora_name = state.check_model(body.model)
     tok = state.tokenizer
     prompts: list[list[int]] = []
     for p in body.prompt_list():
@@ -47,7 +47,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     job = start_job(
         state, request, prompts, params, request_id=body.request_id, user=body.user,
         priority=body.priority if "priority" in body.model_fields_set else None,
-        cache_salt=body.cache_salt,
+        cache_salt=body.cache_salt, lora_name=lora_name,
     )  # fmt: skip
     model = body.model or state.config.served_model_name
     echo = [tok.decode(p) if body.echo else "" for p in prompts]

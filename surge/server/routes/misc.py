@@ -23,7 +23,12 @@ VERSION = "0.1.0"
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     state = get_state(request)
-    cards = [ModelCard(id=state.config.served_model_name, max_model_len=state.max_model_len)]
+    base = state.config.served_model_name
+    cards = [ModelCard(id=base, root=state.model_path, max_model_len=state.max_model_len)]
+    cards += [
+        ModelCard(id=name, root=path, parent=base, max_model_len=state.max_model_len)
+        for name, path in state.client.lora_adapters.items()
+    ]
     if (service := state.embeddings) is not None:
         cards.append(ModelCard(id=service.name, max_model_len=service.model.max_len))
     return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
