@@ -10,6 +10,8 @@ import logging
 import random
 import time
 
+import torch
+
 from surge.engine.block_manager import BlockManager
 from surge.engine.config import EngineConfig
 from surge.engine.grammar import GrammarCompiler
@@ -70,9 +72,12 @@ class EngineCore:
         # steps with adapters run eagerly through the wrappers.
         self.loras: LoRAManager | None = None
         if config.lora.active:
-            self.loras = LoRAManager(
-                self.model, files.spec, config.lora, loaded.precision.dtype, device
-            )
+            fused = self.runner.fused
+            # The fused 4-bit stack computes in float32 and reads the slots as they are.
+            dtype = torch.float32 if fused is not None else loaded.precision.dtype
+            self.loras = LoRAManager(self.model, files.spec, config.lora, dtype, device)
+            if fused is not None:
+                fused.set_lora(self.loras.lora)
             for name, path in config.lora.adapters:
                 self.loras.add(name, path)
             self.runner.lora_batch = self.loras.batch

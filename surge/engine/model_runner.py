@@ -97,19 +97,23 @@ class ModelRunner:
     def run(self, batch: SchedulerOutput) -> SampledTokens:
         if batch.is_empty:
             return SampledTokens({})
-        if self.lora_batch is not None and any(r.lora_slot >= 0 for r in batch.requests):
-            # Adapters in the step: eagerly through the LoRA wrappers (the fused stack, graphs
-            # and compiled steps hold the base layers only).
+        lora = self.lora_batch is not None and any(r.lora_slot >= 0 for r in batch.requests)
+        fused = self._fused_step(batch)
+        if lora and not (fused and self.fused is not None and self.fused.has_lora):
+            # Adapters in the step: eagerly through the LoRA wrappers (CUDA graphs and
+            # compiled steps hold the base layers only).
+            assert self.lora_batch is not None
             input_ids, positions, attn, sample_reqs = self.prepare(batch)
             self.lora_batch.set_rows(self._row_slots(batch), self.device)
             try:
                 logits = self.model(input_ids, positions, attn)
             finally:
                 self.lora_batch.clear()
-        elif self._fused_step(batch):
+        elif fused:
             assert self.fused is not None
             input_ids, positions, attn, sample_reqs = self.prepare(batch, chunks_as_rows=True)
-            logits = self.fused(input_ids, positions, attn)
+            slots = torch.tensor(self._row_slots(batch)) if lora else None
+            logits = self.fused(input_ids, positions, attn, slots)
         elif (graph_rows := self._graph_rows(batch)) is not None:
             assert self.graphs is not None
             input_ids, positions, attn, sample_reqs = self.prepare(batch, graph_rows, bias=False)
@@ -153,7 +157,8 @@ class ModelRunner:
 
     @staticmethod
     def _row_slots(batch: SchedulerOutput) -> list[int]:
-        """Each input row's LoRA slot, in `prepare`'s row order: decodes, then prefill chunks."""
+        """Each input row's LoRA slot, in `prepare`'s row order: decodes, then prefill chunks
+        (token by token: also the fused stack's rows)."""
         decodes = [r.lora_slot for r in batch.requests if r.is_decode]
         chunks = [r.lora_slot for r in batch.requests if not r.is_decode for _ in r.token_ids]
         return decodes + chunks

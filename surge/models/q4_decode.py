@@ -24,6 +24,7 @@ from torch import Tensor
 from surge.models.attention import AttnMetadata
 from surge.models.kernels import load_q4_decode
 from surge.models.llama import DecoderLayer, LlamaForCausalLM
+from surge.models.lora import LoRAModel
 from surge.models.q4 import Q4Linear
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,18 @@ class FusedQ4Decode:
         self.max_rows: int = stack.max_rows  # the largest step it takes
         # the longest prefill chunk it takes along with a step's other rows
         self.max_chunk = min(MAX_CHUNK_WITH_INT8, self.max_rows) if int8_copies else self.max_rows
+        self.has_lora = False
+        self._no_slots = torch.empty(0, dtype=torch.long)
+
+    def set_lora(self, lora: LoRAModel) -> None:
+        """Run LoRA adapters' rows too: the stack reads the wrappers' float32 slots in place."""
+        tensors: list[Tensor] = []
+        for i in range(len(self.model.layers)):
+            for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+                wrapped = lora.layers[(i, name)]
+                tensors += [wrapped.lora_a, wrapped.lora_b]
+        self.stack.set_lora(tensors, lora.max_rank)
+        self.has_lora = True
 
     @classmethod
     def build(
@@ -116,13 +129,17 @@ class FusedQ4Decode:
             return None
         return cls(model, stack, bool(int8))
 
-    def __call__(self, ids: Tensor, positions: Tensor, attn: AttnMetadata) -> Tensor:
+    def __call__(
+        self, ids: Tensor, positions: Tensor, attn: AttnMetadata, row_slots: Tensor | None = None
+    ) -> Tensor:
         """A step of at most `max_rows` rows, each a decode (a prefill chunk's tokens described
-        as decodes) -> logits [num_sampled, vocab] float32."""
+        as decodes) -> logits [num_sampled, vocab] float32. row_slots: each row's LoRA slot
+        (-1: none), after set_lora."""
         x = self.model.embed_tokens(ids)  # [rows, hidden]
         with torch.profiler.record_function("fused decode stack"):
             h = self.stack.forward(
-                x, positions, attn.slot_mapping, attn.decode_block_tables, attn.decode_seq_lens
+                x, positions, attn.slot_mapping, attn.decode_block_tables, attn.decode_seq_lens,
+                self._no_slots if row_slots is None else row_slots,
             )  # [rows, hidden] float32, after the last layer
         h = self.model.norm(h[attn.logits_indices].to(self.dtype))
         return self.model.compute_logits(h)

@@ -18,6 +18,10 @@
 // Without AVX-512 VNNI (AVX2: q4_gemv.h's vpmaddubsw path, the attention in plain loops) the
 // caller gives no int8 copies and every step runs on the 4-bit weights, 8 rows a pass.
 //
+// LoRA (set_lora): rows with an adapter slot add B (A x) to each projection: A x per row in
+// the phase that prepares the projection's input, B's rows on the channels each thread
+// projects (surge/models/lora.py holds the slots; a step without adapters passes no slots).
+//
 // Numerics: the residual stream and every intermediate stay float32 (the layer-by-layer path
 // rounds them to the model dtype between ops); the KV cache is written in its own dtype. The
 // projections are q4_gemv's or w8a8_linear's, the attention paged_decode's (decode_attention.h).
@@ -27,6 +31,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <initializer_list>
 #include <string>
 #include <vector>
 #include "q4_gemv.h"
@@ -54,8 +59,17 @@ struct Int8Weight {
   surge::w8a8::Weights w{};
 };
 
+// A projection's LoRA slots (surge/models/lora.py): A [slots, P*R, K] and B [slots, N, P*R]
+// float32, where the projection's P parts (q/k/v, gate/up) each have R rank columns: channel n
+// of part p reads B's columns [p*R, (p+1)*R) (B is block-diagonal: the rest are zeros).
+struct LoraPair {
+  torch::Tensor a, b;  // held: written in place by the wrapper's set_slot
+  int64_t K = 0, N = 0, W = 0;  // input and output widths, P*R
+};
+
 struct Layer {
   torch::Tensor ln1, ln2, qkv_bias;  // float32; qkv_bias empty without one
+  LoraPair lqkv, lo, lgate_up, ldown;  // empty until set_lora
   Q4Weight qkv, o, gate_up, down;
   Int8Weight qkv8, o8, gate_up8, down8;  // empty without int8 copies
   torch::Tensor k_cache, v_cache;  // [kv_heads, num_blocks, block_size, head_dim]
@@ -93,6 +107,12 @@ torch::Tensor float_vector(const torch::Tensor& t, int64_t n, const char* what) 
 // The share [begin, end) of `n` items that thread `tid` of `nt` takes.
 inline std::pair<int64_t, int64_t> share(int64_t n, int tid, int nt) {
   return {n * tid / nt, n * (tid + 1) / nt};
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc = 0.f;
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];  // vectorized: built with -ffast-math
+  return acc;
 }
 
 // y[m] = x[m] / rms(x[m]) * w, float32 rows of `n`.
@@ -233,11 +253,40 @@ class Q4DecodeStack {
     sin_ = sin.to(at::kFloat).contiguous();
   }
 
+  // LoRA slots of every layer's qkv, o, gate_up, down, in that order (8 tensors a layer:
+  // A, B of each), the rank R of each part; steps then take a row_slots vector.
+  void set_lora(const std::vector<torch::Tensor>& ab, int64_t rank) {
+    TORCH_CHECK(ab.size() == layers_.size() * 8, "q4_decode: 8 LoRA tensors per layer");
+    TORCH_CHECK(rank >= 1, "q4_decode: LoRA rank");
+    const int64_t q_size = heads_ * hd_;
+    const int64_t ks[4] = {hidden_, q_size, hidden_, inter_};
+    const int64_t ns[4] = {qkv_n_, hidden_, 2 * inter_, hidden_};
+    const int64_t ps[4] = {3, 1, 2, 1};
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      LoraPair* pairs[4] = {&layers_[l].lqkv, &layers_[l].lo, &layers_[l].lgate_up,
+                            &layers_[l].ldown};
+      for (int i = 0; i < 4; ++i) {
+        const torch::Tensor& a = ab[l * 8 + 2 * i];
+        const torch::Tensor& b = ab[l * 8 + 2 * i + 1];
+        const int64_t W = ps[i] * rank;
+        TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
+                    a.is_contiguous() && b.is_contiguous(), "q4_decode: LoRA float32, contiguous");
+        TORCH_CHECK(a.dim() == 3 && a.size(1) == W && a.size(2) == ks[i] && b.dim() == 3 &&
+                    b.size(0) == a.size(0) && b.size(1) == ns[i] && b.size(2) == W,
+                    "q4_decode: LoRA shapes");
+        *pairs[i] = LoraPair{a, b, ks[i], ns[i], W};
+      }
+    }
+    lora_rank_ = rank;
+    lora_slots_ = ab[0].size(0);
+  }
+
   // x [M, hidden] (embedded tokens), positions / slot_mapping / seq_lens [M] int64,
-  // block_tables [M, max_blocks] int64 -> the residual stream after the last layer, float32.
+  // block_tables [M, max_blocks] int64, row_slots [M] int64 (each row's LoRA slot, -1: none) or
+  // empty -> the residual stream after the last layer, float32.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& positions,
                         const torch::Tensor& slot_mapping, const torch::Tensor& block_tables,
-                        const torch::Tensor& seq_lens) {
+                        const torch::Tensor& seq_lens, const torch::Tensor& row_slots) {
     const int64_t M = x.size(0);
     TORCH_CHECK(x.dim() == 2 && x.size(1) == hidden_, "q4_decode: x shape");
     TORCH_CHECK(M >= 1 && M <= max_rows(), "q4_decode: 1 to ", max_rows(), " rows");
@@ -266,6 +315,18 @@ class Q4DecodeStack {
       }
       max_len = std::max(max_len, lens[m]);
     }
+    const int64_t* lora = nullptr;
+    if (row_slots.numel()) {
+      TORCH_CHECK(row_slots.dim() == 1 && row_slots.size(0) == M &&
+                  row_slots.scalar_type() == at::kLong && row_slots.is_contiguous(),
+                  "q4_decode: row_slots");
+      const int64_t* rs = row_slots.data_ptr<int64_t>();
+      for (int64_t m = 0; m < M; ++m) {
+        TORCH_CHECK(rs[m] >= -1 && rs[m] < lora_slots_, "q4_decode: LoRA slot out of range");
+        if (rs[m] >= 0) lora = rs;
+      }
+      lora_t_.resize(M * 3 * lora_rank_);
+    }
     torch::Tensor out = x.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).contiguous();
     norm_.resize(M * hidden_);
     qkv_.resize(M * qkv_n_);
@@ -281,7 +342,7 @@ class Q4DecodeStack {
       resize(xq_inter_, M, inter_);
     }
     Step s{M, bs, slots, max_blocks, (max_len + 15) & ~int64_t(15), pos, slot, lens, tables,
-           out.data_ptr<float>()};
+           out.data_ptr<float>(), lora};
     switch (cache_dtype_) {
       case at::kFloat: hd_ == 64 ? run<float, 64>(s) : run<float, 128>(s); break;
       case at::kBFloat16: hd_ == 64 ? run<at::BFloat16, 64>(s) : run<at::BFloat16, 128>(s); break;
@@ -320,7 +381,49 @@ class Q4DecodeStack {
     int64_t M, bs, slots, max_blocks, padded_len;
     const int64_t *pos, *slot, *lens, *tables;
     float* x;  // [M, hidden], the residual stream
+    const int64_t* lora;  // each row's LoRA slot (-1: none), or null: no adapter in the step
   };
+
+  // LoRA's first half for rows [r0, r1) of x [M, K]: t[m] = A[slot] x[m] (rows with a slot).
+  void lora_down(const LoraPair& p, const float* x, const int64_t* slots, int64_t r0,
+                 int64_t r1) {
+    if (!slots) return;
+    const float* A = p.a.data_ptr<float>();
+    for (int64_t m = r0; m < r1; ++m) {
+      if (slots[m] < 0) continue;
+      const float* a = A + slots[m] * p.W * p.K;
+      float* t = lora_t_.data() + m * 3 * lora_rank_;
+      for (int64_t j = 0; j < p.W; ++j) t[j] = dot(a + j * p.K, x + m * p.K, p.K);
+    }
+  }
+
+  // LoRA's second half into out [M, N] for this thread's channels [n0, n1) (those it also
+  // projected, or after a barrier): out[m, n] += B[slot][n, part(n)] . t[m, part(n)].
+  // part_ends: where each part's channels end.
+  void lora_up(const LoraPair& p, std::initializer_list<int64_t> part_ends, const int64_t* slots,
+               int64_t M, float* out, int64_t n0, int64_t n1) {
+    if (!slots) return;
+    const float* B = p.b.data_ptr<float>();
+    const int64_t R = lora_rank_;
+    for (int64_t m = 0; m < M; ++m) {
+      if (slots[m] < 0) continue;
+      const float* bs = B + slots[m] * p.N * p.W;
+      const float* t = lora_t_.data() + m * 3 * R;
+      int64_t start = 0, part = 0;
+      for (const int64_t end : part_ends) {
+        for (int64_t n = std::max(start, n0); n < std::min(end, n1); ++n)
+          out[m * p.N + n] += dot(bs + n * p.W + part * R, t + part * R, R);
+        start = end;
+        ++part;
+      }
+    }
+  }
+
+  // The channels [n0, n1) of a projection of N that thread tid projects on the 4-bit path.
+  static std::pair<int64_t, int64_t> channels(int64_t N, int tid, int nt) {
+    const auto [b, e] = share(N / kTile, tid, nt);
+    return {b * kTile, tid == nt - 1 ? N : e * kTile};
+  }
 
   // Thread tid's share of a projection's output channels (whole tiles of 16; the last thread
   // also takes the rows after the last tile); ADD: added into `out`.
@@ -367,6 +470,16 @@ class Q4DecodeStack {
       const int tid = omp_get_thread_num(), n = omp_get_num_threads();
       std::vector<float> scores(kChunk<HD> * s.padded_len);
       Clock::time_point t = Clock::now();  // thread 0's last phase boundary
+      // LoRA's second half, on the channels this thread projected on the 4-bit path; the int8
+      // path splits channels by panels, so there it waits for the projection to end first.
+      auto lora_add = [&](const LoraPair& p, std::initializer_list<int64_t> ends, float* out) {
+        if (!s.lora) return;
+        if (int8) {
+#pragma omp barrier
+        }
+        const auto [n0, n1] = channels(p.N, tid, n);
+        lora_up(p, ends, s.lora, M, out, n0, n1);
+      };
       for (const Layer& L : layers_) {
         // Per-row phases (norms, activation quantization, rope, SiLU): by rows between the
         // threads on the int8 path or past a few rows, else on thread 0 (a split of a few rows
@@ -376,6 +489,7 @@ class Q4DecodeStack {
                                   : std::pair<int64_t, int64_t>{0, tid ? 0 : M};
         rms_norm(x + r0 * H, L.ln1.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
         quantize(norm_.data(), H, int8, r0, r1, x8_hidden_, xq_hidden_);
+        lora_down(L.lqkv, norm_.data(), s.lora, r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseNorm1, t);
         if (int8) {
@@ -384,6 +498,7 @@ class Q4DecodeStack {
           const float* qkv_bias = L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr;
           project<false>(L.qkv, xq_hidden_, qkv_bias, M, qkv_.data(), tid, n);
         }
+        lora_add(L.lqkv, {q_size, q_size + kv_size, qkv_n_}, qkv_.data());
 #pragma omp barrier
         if (tid == 0) mark(kPhaseQkv, t);
         T* kc = L.k_cache.data_ptr<T>();
@@ -429,26 +544,32 @@ class Q4DecodeStack {
 #pragma omp barrier
         if (tid == 0) mark(kPhaseAttention, t);
         quantize(attn_.data(), q_size, int8, r0, r1, x8_attn_, xq_attn_);
+        lora_down(L.lo, attn_.data(), s.lora, r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseQuantAttn, t);
         if (int8) project8<true>(L.o8, x8_attn_, x, tid, n);
         else project<true>(L.o, xq_attn_, nullptr, M, x, tid, n);
+        lora_add(L.lo, {H}, x);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseO, t);
         rms_norm(x + r0 * H, L.ln2.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
         quantize(norm_.data(), H, int8, r0, r1, x8_hidden_, xq_hidden_);
+        lora_down(L.lgate_up, norm_.data(), s.lora, r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseNorm2, t);
         if (int8) project8<false>(L.gate_up8, x8_hidden_, gu_.data(), tid, n);
         else project<false>(L.gate_up, xq_hidden_, nullptr, M, gu_.data(), tid, n);
+        lora_add(L.lgate_up, {inter_, 2 * inter_}, gu_.data());
 #pragma omp barrier
         if (tid == 0) mark(kPhaseGateUp, t);
         silu_mul(gu_.data() + r0 * 2 * inter_, act_.data() + r0 * inter_, r1 - r0, inter_);
         quantize(act_.data(), inter_, int8, r0, r1, x8_inter_, xq_inter_);
+        lora_down(L.ldown, act_.data(), s.lora, r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseSilu, t);
         if (int8) project8<true>(L.down8, x8_inter_, x, tid, n);
         else project<true>(L.down, xq_inter_, nullptr, M, x, tid, n);
+        lora_add(L.ldown, {H}, x);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseDown, t);
       }
@@ -459,6 +580,8 @@ class Q4DecodeStack {
   float eps_;
   int64_t q4_max_rows_;
   bool has_int8_ = false;
+  int64_t lora_rank_ = 0, lora_slots_ = 0;  // set_lora's
+  std::vector<float> lora_t_;  // [M, 3 * rank]: A x of the projection at hand, per row
   std::array<double, kPhases> phase_s_{};
   at::ScalarType cache_dtype_ = at::kFloat;
   std::vector<Layer> layers_;
@@ -482,6 +605,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           const torch::Tensor&, const torch::Tensor&, int64_t, int64_t, double,
                           int64_t>())
       .def("forward", &Q4DecodeStack::forward)
+      .def("set_lora", &Q4DecodeStack::set_lora)
       .def_property_readonly("max_rows", &Q4DecodeStack::max_rows)
       .def("phase_seconds", &Q4DecodeStack::phase_seconds);
 #else
