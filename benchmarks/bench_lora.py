@@ -85,9 +85,10 @@ def main() -> None:
         modes: dict[str, list[str | None]] = {
             "base": [None] * b,
             "one adapter": [adapter_names[0]] * b,
-            "mixed": [([None, *adapter_names])[i % (len(names) + 1)] for i in range(b)],
         }
-        llm.generate(prompts, params, use_tqdm=False, lora_name=modes["mixed"])  # warm-up
+        if b > 1:  # every adapter and the base model, round robin
+            modes["mixed"] = [([None, *adapter_names])[i % (len(names) + 1)] for i in range(b)]
+        llm.generate(prompts, params, use_tqdm=False, lora_name=modes["one adapter"])  # warm-up
         rates: dict[str, list[float]] = {m: [] for m in modes}
         for _ in range(args.rounds):
             for mode, loras in modes.items():

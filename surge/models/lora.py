@@ -5,8 +5,10 @@ every loaded adapter's low-rank pair in a fixed slot:
 
     y = base(x);   y[rows of slot s] += (x[rows] @ A[s].T) @ B[s].T      (the scaling is in B)
 
+(B is stored transposed.)
+
 q/k/v and gate/up are fused projections here: an adapter's pairs for the parts stack along the
-rank (A [parts * R, in]) and its B is block-diagonal ([out, parts * R]), so one fused layer takes
+rank (A [parts * R, in]) and its B is block-diagonal ([parts * R, out]), so one fused layer takes
 two matmuls per adapter in the step whichever parts the adapter trains. Ranks below R are
 zero-padded, which changes nothing. Base rows pay nothing: with no adapter in a step, the wrapper
 is the base layer plus an empty loop (and the runner keeps its compiled or fused paths).
@@ -195,7 +197,9 @@ class LoRALinear(nn.Module):
     """A projection with its base layer and `max_loras` slots of low-rank pairs."""
 
     lora_a: Tensor  # [max_loras, parts * max_rank, in_features]
-    lora_b: Tensor  # [max_loras, out_features, parts * max_rank], block-diagonal by part
+    # B transposed, [max_loras, parts * max_rank, out_features], block-diagonal by part: a rank
+    # column's weights for all channels in a row, so B (A x) is a sum of contiguous rows.
+    lora_bt: Tensor
 
     def __init__(
         self,
@@ -216,34 +220,34 @@ class LoRALinear(nn.Module):
         parts, out = len(part_sizes), sum(part_sizes)
         # Buffers, not parameters: nothing trains them, and the base's checks ignore them.
         shape_a = (max_loras, parts * max_rank, in_features)
-        shape_b = (max_loras, out, parts * max_rank)
+        shape_b = (max_loras, parts * max_rank, out)
         self.register_buffer("lora_a", torch.zeros(shape_a, dtype=dtype, device=device), False)
-        self.register_buffer("lora_b", torch.zeros(shape_b, dtype=dtype, device=device), False)
+        self.register_buffer("lora_bt", torch.zeros(shape_b, dtype=dtype, device=device), False)
 
     def set_slot(self, slot: int, pairs: list[tuple[Tensor, Tensor] | None]) -> None:
         """Write one adapter's pairs (one per part, None: that part untouched) into a slot."""
-        a, b = self.lora_a[slot], self.lora_b[slot]
+        a, bt = self.lora_a[slot], self.lora_bt[slot]
         a.zero_()
-        b.zero_()
+        bt.zero_()
         r_max, offset = self.max_rank, 0
         for i, (size, pair) in enumerate(zip(self.part_sizes, pairs, strict=True)):
             if pair is not None:
                 pa, pb = pair
                 r = pa.shape[0]
                 a[i * r_max : i * r_max + r].copy_(pa)
-                b[offset : offset + size, i * r_max : i * r_max + r].copy_(pb)
+                bt[i * r_max : i * r_max + r, offset : offset + size].copy_(pb.t())
             offset += size
 
     def clear_slot(self, slot: int) -> None:
         self.lora_a[slot].zero_()
-        self.lora_b[slot].zero_()
+        self.lora_bt[slot].zero_()
 
     def forward(self, x: Tensor) -> Tensor:
         y: Tensor = self.base(x)
         for slot, rows in self.batch.groups:
-            a, b = self.lora_a[slot], self.lora_b[slot]
+            a, bt = self.lora_a[slot], self.lora_bt[slot]
             xs = x if rows is None else x.index_select(0, rows)
-            delta = ((xs.to(a.dtype) @ a.t()) @ b.t()).to(y.dtype)
+            delta = ((xs.to(a.dtype) @ a.t()) @ bt).to(y.dtype)
             y = y + delta if rows is None else y.index_add(0, rows, delta)
         return y
 
@@ -300,6 +304,6 @@ class LoRAModel:
     def slot_bytes(self) -> int:
         """Memory of one slot across the model."""
         return sum(
-            (m.lora_a[0].numel() + m.lora_b[0].numel()) * m.lora_a.element_size()
+            (m.lora_a[0].numel() + m.lora_bt[0].numel()) * m.lora_a.element_size()
             for m in self.layers.values()
         )

@@ -65,7 +65,7 @@ class FusedQ4Decode:
         for i in range(len(self.model.layers)):
             for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
                 wrapped = lora.layers[(i, name)]
-                tensors += [wrapped.lora_a, wrapped.lora_b]
+                tensors += [wrapped.lora_a, wrapped.lora_bt]
         self.stack.set_lora(tensors, lora.max_rank)
         self.has_lora = True
 

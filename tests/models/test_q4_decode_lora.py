@@ -117,9 +117,8 @@ def write_adapter(folder: Path, spec: ModelSpec, seed: int, b_scale: float) -> P
 @pytest.mark.slow
 def test_engine_adapters_through_the_stack(tmp_path: Path) -> None:
     """Real SmolLM2, 4-bit: steps with adapter rows take the stack too. A zero adapter answers
-    as the base model; a random one moves the answer, and its first token and log-probability
-    agree with the layer-by-layer path through the wrappers (past that, greedy paths of a
-    30-layer int8-rounded model may part at a near tie: see the test above)."""
+    as the base model; a random one moves the answer, as the layer-by-layer path through the
+    wrappers moves it."""
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=0)
     llm = LLM("smollm2-135m", quantization="q4", enable_lora=True, max_lora_rank=RANK)
     spec = llm.engine.files.spec
@@ -147,14 +146,25 @@ def test_engine_adapters_through_the_stack(tmp_path: Path) -> None:
     for i in range(len(prompts)):
         base, z, m = toks[3 * i : 3 * i + 3]
         assert z == base and m != base
+    # The first token's distribution against the layer-by-layer path through the wrappers.
+    # Greedy paths of a 30-layer model with int8-rounded activations part at near ties (one
+    # here: 253 against 216 at -1.232 / -1.236), and the two paths' log-probabilities differ by
+    # ~0.05 even without adapters, so the check is that the stack's answer is far closer to the
+    # wrappers' than the base model's is: a missing or misplaced delta fails it.
     eager = LLM("smollm2-135m", quantization="q4", fused_decode=False,
                 lora_modules={"moved": str(moved)}, max_lora_rank=RANK)  # fmt: skip
-    ref = eager.generate(prompts, params, False, lora_name="moved")
-    for i, r in enumerate(ref):
-        got = outs[3 * i + 2].outputs[0]
-        want = r.outputs[0]
-        assert got.token_ids[0] == want.token_ids[0]
-        assert got.logprobs is not None and want.logprobs is not None
-        # The base model's own stack / layer-by-layer gap is up to ~0.05 here (int8-rounded
-        # activations over 30 layers); a missing or misplaced delta moves it by far more.
-        assert abs(got.logprobs[0].logprob - want.logprobs[0].logprob) < 0.1
+    first = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+    many = [*prompts, "Once upon a time", "def add(a, b):", "The best way to learn",
+            "My favourite colour is", "In 1492,", "import numpy as"]  # fmt: skip
+    want = eager.generate(many, first, False, lora_name="moved")
+    got = llm.generate(many, first, False, lora_name="moved")
+    base_out = llm.generate(many, first, False)
+    noise, effect = [], []
+    for w, g, b in zip(want, got, base_out, strict=True):
+        token = w.outputs[0].token_ids[0]
+        lp = {name: dict(o.outputs[0].logprobs[0].top) for name, o in  # type: ignore[index]
+              (("want", w), ("got", g), ("base", b))}  # fmt: skip
+        assert token in lp["got"] and token in lp["base"]
+        noise.append(abs(lp["got"][token] - lp["want"][token]))
+        effect.append(abs(lp["base"][token] - lp["want"][token]))
+    assert sum(noise) < 0.5 * sum(effect), (noise, effect)

@@ -59,11 +59,11 @@ struct Int8Weight {
   surge::w8a8::Weights w{};
 };
 
-// A projection's LoRA slots (surge/models/lora.py): A [slots, P*R, K] and B [slots, N, P*R]
-// float32, where the projection's P parts (q/k/v, gate/up) each have R rank columns: channel n
-// of part p reads B's columns [p*R, (p+1)*R) (B is block-diagonal: the rest are zeros).
+// A projection's LoRA slots (surge/models/lora.py): A [slots, P*R, K] and B transposed,
+// BT [slots, P*R, N], float32, where the projection's P parts (q/k/v, gate/up) each have R rank
+// columns: channel n of part p reads BT's rows [p*R, (p+1)*R) (the rest are zeros there).
 struct LoraPair {
-  torch::Tensor a, b;  // held: written in place by the wrapper's set_slot
+  torch::Tensor a, bt;  // held: written in place by the wrapper's set_slot
   int64_t K = 0, N = 0, W = 0;  // input and output widths, P*R
 };
 
@@ -272,7 +272,7 @@ class Q4DecodeStack {
         TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat &&
                     a.is_contiguous() && b.is_contiguous(), "q4_decode: LoRA float32, contiguous");
         TORCH_CHECK(a.dim() == 3 && a.size(1) == W && a.size(2) == ks[i] && b.dim() == 3 &&
-                    b.size(0) == a.size(0) && b.size(1) == ns[i] && b.size(2) == W,
+                    b.size(0) == a.size(0) && b.size(1) == W && b.size(2) == ns[i],
                     "q4_decode: LoRA shapes");
         *pairs[i] = LoraPair{a, b, ks[i], ns[i], W};
       }
@@ -389,30 +389,38 @@ class Q4DecodeStack {
                  int64_t r1) {
     if (!slots) return;
     const float* A = p.a.data_ptr<float>();
-    for (int64_t m = r0; m < r1; ++m) {
-      if (slots[m] < 0) continue;
-      const float* a = A + slots[m] * p.W * p.K;
-      float* t = lora_t_.data() + m * 3 * lora_rank_;
-      for (int64_t j = 0; j < p.W; ++j) t[j] = dot(a + j * p.K, x + m * p.K, p.K);
+    const int64_t tw = 3 * lora_rank_;
+    // Rows inner: an A row is read from memory once for all the rows of its adapter.
+    for (int64_t j = 0; j < p.W; ++j) {
+      for (int64_t m = r0; m < r1; ++m) {
+        if (slots[m] < 0) continue;
+        const float* a = A + (slots[m] * p.W + j) * p.K;
+        lora_t_[m * tw + j] = dot(a, x + m * p.K, p.K);
+      }
     }
   }
 
   // LoRA's second half into out [M, N] for this thread's channels [n0, n1) (those it also
-  // projected, or after a barrier): out[m, n] += B[slot][n, part(n)] . t[m, part(n)].
+  // projected, or after a barrier): out[m, n] += sum_r t[m, part(n) R + r] BT[slot][.., n], as
+  // R scaled adds of contiguous BT rows (vectorized; no short dot products to reduce).
   // part_ends: where each part's channels end.
   void lora_up(const LoraPair& p, std::initializer_list<int64_t> part_ends, const int64_t* slots,
                int64_t M, float* out, int64_t n0, int64_t n1) {
     if (!slots) return;
-    const float* B = p.b.data_ptr<float>();
+    const float* BT = p.bt.data_ptr<float>();
     const int64_t R = lora_rank_;
     for (int64_t m = 0; m < M; ++m) {
       if (slots[m] < 0) continue;
-      const float* bs = B + slots[m] * p.N * p.W;
       const float* t = lora_t_.data() + m * 3 * R;
+      float* o = out + m * p.N;
       int64_t start = 0, part = 0;
       for (const int64_t end : part_ends) {
-        for (int64_t n = std::max(start, n0); n < std::min(end, n1); ++n)
-          out[m * p.N + n] += dot(bs + n * p.W + part * R, t + part * R, R);
+        const int64_t b0 = std::max(start, n0), b1 = std::min(end, n1);
+        for (int64_t r = part * R; b0 < b1 && r < (part + 1) * R; ++r) {
+          const float tv = t[r];
+          const float* row = BT + (slots[m] * p.W + r) * p.N;
+          for (int64_t n = b0; n < b1; ++n) o[n] += tv * row[n];
+        }
         start = end;
         ++part;
       }
