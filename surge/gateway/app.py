@@ -134,6 +134,8 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                    response_model=None)  # fmt: skip
     async def passthrough(request: Request, rest: str) -> Response:
+        if rest == "models" and request.method == "GET" and (listing := _models(state)):
+            return listing
         route = "/v1/models" if rest == "models" else "/v1/other"
         return await _proxy(state, request, route, generation=False)
 
@@ -166,6 +168,24 @@ async def _start_background(
         scrapes = scrape_loop(pool.all, monitor, config.scrape_interval_s, config.health.timeout_s)
         tasks.append(asyncio.create_task(scrapes))
     return tasks
+
+
+def _models(state: GatewayState) -> JSONResponse | None:
+    """Every model the upstreams in rotation list (base models and LoRA adapters, from their
+    /v1/models, scraped), or None when none has said (then one upstream answers)."""
+    now_s = time.monotonic()
+    known = [u for u in state.pool.all() if u.in_rotation(now_s) and u.models is not None]
+    if not known:
+        return None
+    served: dict[str, int] = {}  # model -> upstreams listing it
+    for u in known:
+        for name in u.models or ():
+            served[name] = served.get(name, 0) + 1
+    cards = [
+        {"id": name, "object": "model", "owned_by": "surge", "upstreams": count}
+        for name, count in sorted(served.items())
+    ]
+    return JSONResponse({"object": "list", "data": cards})
 
 
 def _health(state: GatewayState) -> JSONResponse:
@@ -283,6 +303,7 @@ async def _admit_and_forward(
             queued_s=queued_s,
             trace_context=trace.set_span_in_context(span) if state.tracing.enabled else None,
             timeout_s=timeout_s,
+            model=model if isinstance(model := (parsed or {}).get("model"), str) else None,
         )
         if parsed is not None:
             _degrade(state, preq, parsed)

@@ -39,6 +39,7 @@ from surge.gateway.errors import (
     BadGateway,
     GatewayError,
     GatewayTimeout,
+    NotFound,
     TooManyRequests,
     Unavailable,
 )
@@ -86,6 +87,7 @@ class ProxyRequest:
     queued_s: float = 0.0  # time spent waiting for a concurrency slot
     trace_context: Context | None = None  # the gateway's span of this request, when tracing
     timeout_s: float | None = None  # the client's deadline, when shorter than total_s
+    model: str | None = None  # the body's `model`: only upstreams that list it (or say nothing)
 
 
 @dataclass(slots=True)
@@ -208,7 +210,7 @@ class Proxy:
             denied = "attempts"
         elif now_s >= deadline_s:
             denied = "deadline"
-        elif not self.pool.candidates(req.group, now_s, tried):
+        elif not self.pool.candidates(req.group, now_s, tried, req.model):
             denied = "no_upstream"
         elif not self.budget.can_retry(now_s):
             denied = "budget"
@@ -222,7 +224,7 @@ class Proxy:
     def _choose(self, req: ProxyRequest, tried: list[str]) -> tuple[Upstream, Permit, float] | None:
         """(upstream, permit, seconds to wait first) or None when no candidate is left."""
         now_s = self.clock()
-        candidates = self.pool.candidates(req.group, now_s, tried)
+        candidates = self.pool.candidates(req.group, now_s, tried, req.model)
         fresh = [u for u in candidates if not u.throttled(now_s)]
         if not fresh:  # all asked for a pause: those whose pause ends soon enough to wait out
             fresh = [
@@ -356,7 +358,15 @@ class Proxy:
     def _give_up(self, req: ProxyRequest, attempts: list[_Attempt]) -> Response:
         if not attempts:
             now_s = self.clock()
-            paused = [u.throttled_until_s - now_s for u in self.pool.candidates(req.group, now_s)]
+            serving = self.pool.candidates(req.group, now_s, model=req.model)
+            if not serving and self.pool.candidates(req.group, now_s):
+                self.metrics.shed.labels("model_not_found").inc()
+                raise NotFound(
+                    f"The model `{req.model}` does not exist on any upstream.",
+                    code="model_not_found",
+                    headers=req.extra_headers,
+                )
+            paused = [u.throttled_until_s - now_s for u in serving]
             if paused:  # all in rotation, all asked for a pause longer than we wait ourselves
                 self.metrics.shed.labels("upstreams_busy").inc()
                 raise TooManyRequests(

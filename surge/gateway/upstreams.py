@@ -95,6 +95,8 @@ class Upstream:
         self.breaker = CircuitBreaker(gateway.breaker)
         self.health = HealthTracker(gateway.health)
         self.throttled_until_s = 0.0  # it asked for a pause (429/503 Retry-After) until then
+        # The model names its /v1/models lists (base models, LoRA adapters); None: not known.
+        self.models: frozenset[str] | None = None
         self._default_max_in_flight = gateway.degrade.max_in_flight
         self.config = config
 
@@ -109,6 +111,10 @@ class Upstream:
 
     def in_rotation(self, now_s: float) -> bool:
         return self.health.is_healthy(now_s) and self.breaker.can_attempt(now_s)
+
+    def serves(self, model: str | None) -> bool:
+        """Whether a request for `model` may go here: it lists it, or its list is unknown."""
+        return model is None or self.models is None or model in self.models
 
     def throttled(self, now_s: float) -> bool:
         return now_s < self.throttled_until_s
@@ -178,14 +184,25 @@ class UpstreamPool:
     def group(self, group: str) -> list[Upstream]:
         return [u for u in self._upstreams.values() if u.group == group]
 
-    def candidates(self, group: str, now_s: float, exclude: Iterable[str] = ()) -> list[Upstream]:
-        """Upstreams of `group` in rotation (healthy, circuit admits), minus `exclude`."""
+    def candidates(
+        self, group: str, now_s: float, exclude: Iterable[str] = (), model: str | None = None
+    ) -> list[Upstream]:
+        """Upstreams of `group` in rotation (healthy, circuit admits) that serve `model`, minus
+        `exclude`."""
         skip = set(exclude)
         return [
             u
             for u in self._upstreams.values()
-            if u.group == group and u.url not in skip and u.in_rotation(now_s)
+            if u.group == group and u.url not in skip and u.serves(model) and u.in_rotation(now_s)
         ]
+
+
+def parse_models(body: object) -> frozenset[str] | None:
+    """The ids of an OpenAI /v1/models answer, or None when it is not one."""
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return None
+    return frozenset(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))
 
 
 async def scrape_loop(
@@ -194,15 +211,21 @@ async def scrape_loop(
     interval_s: float,
     timeout_s: float,
 ) -> None:
-    """Refresh every upstream's load from its /metrics each interval, until cancelled."""
+    """Refresh every upstream's load from its /metrics and the models it serves from its
+    /v1/models each interval, until cancelled."""
 
     async def scrape(u: Upstream) -> None:
         try:
             r = await client.get(u.url + "/metrics", timeout=timeout_s)
+            u.load = parse_load(r.text) if r.status_code == 200 else ScrapedLoad()
         except httpx.HTTPError:
             u.load = ScrapedLoad()  # unknown beats stale
-            return
-        u.load = parse_load(r.text) if r.status_code == 200 else ScrapedLoad()
+        try:
+            r = await client.get(u.url + "/v1/models", timeout=timeout_s)
+            # Unknown (an error, or a 401 from an upstream with API keys): route anything.
+            u.models = parse_models(r.json()) if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            u.models = None
 
     while True:
         await asyncio.gather(*(scrape(u) for u in targets()))

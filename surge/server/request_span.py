@@ -31,7 +31,7 @@ def record_request_span(job: Job, now_s: float) -> None:
     def at(mono_s: float) -> int:
         return wall_ns(mono_s, now_s) if mono_s <= now_s else end_ns
 
-    model = job.state.config.served_model_name
+    model = job.lora_name or job.state.config.served_model_name  # what the request named
     attributes: dict[str, str | int | float | bool | list[str]] = {
         "gen_ai.operation.name": job.operation,
         "gen_ai.system": "surge",
