@@ -138,7 +138,11 @@ class FusedQ4Decode:
         x = self.model.embed_tokens(ids)  # [rows, hidden]
         with torch.profiler.record_function("fused decode stack"):
             h = self.stack.forward(
-                x, positions, attn.slot_mapping, attn.decode_block_tables, attn.decode_seq_lens,
+                x,
+                positions,
+                attn.slot_mapping,
+                attn.decode_block_tables,
+                attn.decode_seq_lens,
                 self._no_slots if row_slots is None else row_slots,
             )  # [rows, hidden] float32, after the last layer
         h = self.model.norm(h[attn.logits_indices].to(self.dtype))
