@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from surge.engine.sampler import SamplingRow
 
@@ -15,6 +15,11 @@ class ScheduledRequest:
     block_table: tuple[int, ...]  # covers start_pos + len(token_ids) tokens
     sampling: SamplingRow | None  # set when this chunk reaches the end of the known tokens
     lora_slot: int = -1  # the LoRA adapter's slot; -1: the base model
+    # Speculative decoding: draft tokens appended to token_ids (its last len(draft) entries),
+    # and the sampling rows of the positions after them: the logits at token_ids[-1 - k + i]
+    # are sampled with `sampling` for i = 0, with draft_sampling[i - 1] after.
+    draft: tuple[int, ...] = ()
+    draft_sampling: tuple[SamplingRow, ...] = ()
 
     @property
     def is_decode(self) -> bool:
@@ -42,3 +47,5 @@ class SampledToken:
 @dataclass(frozen=True, slots=True)
 class SampledTokens:
     tokens: dict[str, SampledToken]  # req_id -> token, for the requests that sampled
+    # req_id -> the tokens sampled after each draft token (speculative decoding)
+    drafts: dict[str, list[SampledToken]] = field(default_factory=dict)

@@ -143,8 +143,37 @@ class LoRAConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """Speculative decoding with prompt-lookup drafts (surge/engine/ngram.py); vLLM's
+    --speculative-config {"method": "ngram", ...}. Off while num_speculative_tokens is 0."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 0  # draft tokens verified per step and request
+    prompt_lookup_min: int = 2  # the shortest suffix looked up
+    prompt_lookup_max: int = 4  # the longest
+    # No drafts while more requests than this run: big batches are bound by compute, where
+    # verifying tokens that are thrown away costs more than it saves (None: always draft).
+    disable_by_batch_size: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_speculative_tokens > 0
+
+    def __post_init__(self) -> None:
+        if self.method != "ngram":
+            raise ValueError(f"speculative method must be 'ngram', got {self.method!r}")
+        if self.num_speculative_tokens < 0:
+            raise ValueError("num_speculative_tokens must be >= 0")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ValueError("disable_by_batch_size must be >= 1 or None")
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

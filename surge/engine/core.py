@@ -86,7 +86,13 @@ class EngineCore:
         self.blocks = BlockManager(
             self.plan.num_blocks, cache.block_size, cache.enable_prefix_caching
         )
-        self.scheduler = Scheduler(config.scheduler, self.blocks, make_policy(config.scheduler))
+        self.scheduler = Scheduler(
+            config.scheduler,
+            self.blocks,
+            make_policy(config.scheduler),
+            config.speculative,
+            self.eos_token_ids,
+        )
         self._rng = random.Random(config.model.seed)
         self._prompt_tokens = 0
         self._generation_tokens = 0
@@ -176,20 +182,21 @@ class EngineCore:
         self._iteration_tokens.append(batch.num_tokens)
         outputs: list[EngineCoreOutput] = []
         for req in advanced:
-            self._generation_tokens += 1
+            n = req.num_new_tokens  # more than one when a speculative draft was accepted
+            self._generation_tokens += n
             reason = req.stop_reason(self.eos_token_ids)
             if reason is None and req.grammar is not None and _grammar_done(req):
                 reason = FinishReason.STOP
             if reason is not None:
                 self.scheduler.finish(req.req_id, reason)
-            first = req.num_output_tokens == 1
+            first = req.num_output_tokens == n
             if first:
                 self._prompt_tokens += req.num_prompt_tokens
             outputs.append(
                 EngineCoreOutput(
                     req_id=req.req_id,
-                    new_token_ids=[req.output_token_ids[-1]],
-                    new_logprobs=[req.logprobs[-1]] if req.params.logprobs is not None else None,
+                    new_token_ids=req.output_token_ids[-n:],
+                    new_logprobs=req.logprobs[-n:] if req.params.logprobs is not None else None,
                     finish_reason=reason,
                     num_prompt_tokens=req.num_prompt_tokens,
                     num_cached_tokens=max(req.num_cached_tokens, 0),
@@ -219,6 +226,9 @@ class EngineCore:
             lora_running=self._adapters_of(sched.running),
             lora_waiting=self._adapters_of(sched.waiting),
             max_loras=self.loras.config.max_loras if self.loras is not None else 0,
+            spec_num_drafts=sched.spec_num_drafts,
+            spec_draft_tokens=sched.spec_draft_tokens,
+            spec_accepted_tokens=sched.spec_accepted_tokens,
         )
 
     def _adapters_of(self, reqs: list[Request]) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from surge.engine.config import (
     LoRAConfig,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
 )
 from surge.engine.core import EngineCore
 from surge.engine.output_processor import OutputProcessor
@@ -150,6 +151,7 @@ def _config_from_kwargs(model: str, overrides: dict[str, object]) -> EngineConfi
     cache_kw: dict[str, Any] = {}
     sched_kw: dict[str, Any] = {}
     lora_kw: dict[str, Any] = {}
+    spec_kw: dict[str, Any] = {}
     for name, value in overrides.items():
         if name == "lora_modules":
             assert isinstance(value, dict)
@@ -160,6 +162,7 @@ def _config_from_kwargs(model: str, overrides: dict[str, object]) -> EngineConfi
             (CacheConfig, cache_kw),
             (SchedulerConfig, sched_kw),
             (LoRAConfig, lora_kw),
+            (SpeculativeConfig, spec_kw),
         ):
             if name in cls.__dataclass_fields__:
                 kw[name] = value
@@ -171,4 +174,5 @@ def _config_from_kwargs(model: str, overrides: dict[str, object]) -> EngineConfi
         CacheConfig(**cache_kw),
         SchedulerConfig(**sched_kw),
         LoRAConfig(**lora_kw),
+        SpeculativeConfig(**spec_kw),
     )

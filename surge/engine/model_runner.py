@@ -122,15 +122,26 @@ class ModelRunner:
             bucket = self.bucket_for(batch)
             input_ids, positions, attn, sample_reqs = self.prepare(batch, pad_to=bucket)
             logits = self.forward(bucket, input_ids, positions, attn)[: len(sample_reqs)]
-        rows: list[SamplingRow] = [r.sampling for r in sample_reqs if r.sampling is not None]
+        # A request with a draft has a row per position: `sampling`, then its draft rows.
+        rows: list[SamplingRow] = []
+        j = 0  # the position within the current request's rows
+        for i, r in enumerate(sample_reqs):
+            j = j + 1 if i > 0 and sample_reqs[i - 1] is r else 0
+            assert r.sampling is not None
+            rows.append(r.sampling if j == 0 else r.draft_sampling[j - 1])
         out = self.sampler(logits, rows)
         tokens: dict[str, SampledToken] = {}
+        drafts: dict[str, list[SampledToken]] = {}
         for i, sreq in enumerate(sample_reqs):
             top = out.top_logprobs[i]
-            tokens[sreq.req_id] = SampledToken(
+            tok = SampledToken(
                 out.token_ids[i], out.logprobs[i], tuple(top) if top is not None else None
             )
-        return SampledTokens(tokens)
+            if sreq.req_id in tokens:
+                drafts.setdefault(sreq.req_id, []).append(tok)
+            else:
+                tokens[sreq.req_id] = tok
+        return SampledTokens(tokens, drafts)
 
     @torch.inference_mode()
     def warm_up(self) -> float:
@@ -300,8 +311,11 @@ class ModelRunner:
                     )
                 )
             if r.sampling is not None:
-                logits_indices.append(len(input_ids) - 1)
-                sample_reqs.append(r)
+                # With a draft: every draft position too, in order (the chunk is the last
+                # token and the draft).
+                for back in range(len(r.draft), -1, -1):
+                    logits_indices.append(len(input_ids) - 1 - back)
+                    sample_reqs.append(r)
 
         dev = self.device
         if pad_to is not None:

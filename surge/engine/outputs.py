@@ -58,3 +58,7 @@ class EngineStats:
     lora_running: tuple[str, ...] = ()
     lora_waiting: tuple[str, ...] = ()
     max_loras: int = 0
+    # Speculative decoding, counters since start: steps with a draft, draft tokens, accepted.
+    spec_num_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0

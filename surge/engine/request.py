@@ -66,6 +66,9 @@ class Request:
         self.share_prompt_with = share_prompt_with  # a sibling (n > 1) whose prompt KV we reuse
         self.grammar = grammar  # an llguidance matcher (structured output), fed every token
         self.lora_slot = lora_slot  # the LoRA adapter's slot (-1: none); its salt is in cache_salt
+        self.draft: list[int] = []  # speculative tokens to verify at the next decode
+        self.ngram: Any = None  # its NgramIndex, made at the first proposal
+        self.num_new_tokens = 0  # tokens appended by the last step (several when drafts hit)
         self.block_size = block_size
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []

@@ -11,10 +11,12 @@ the policy may let it displace the running request it ranks last (priority preem
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 from surge.engine.batch import SampledTokens, ScheduledRequest, SchedulerOutput
 from surge.engine.block_manager import BlockManager
-from surge.engine.config import SchedulerConfig
+from surge.engine.config import SchedulerConfig, SpeculativeConfig
+from surge.engine.ngram import NgramIndex
 from surge.engine.policies import Policy
 from surge.engine.request import FinishReason, Request, RequestStatus, TokenLogprob
 from surge.engine.sampler import SamplingRow
@@ -24,10 +26,22 @@ OTHER_TENANT = "other"
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager, policy: Policy) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        blocks: BlockManager,
+        policy: Policy,
+        speculative: SpeculativeConfig | None = None,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> None:
         self.config = config
         self.blocks = blocks
         self.policy = policy
+        self.speculative = speculative if speculative is not None else SpeculativeConfig()
+        self.eos_token_ids = eos_token_ids  # a draft's accepted tokens stop at one
+        self.spec_num_drafts = 0  # counters since start
+        self.spec_draft_tokens = 0
+        self.spec_accepted_tokens = 0
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -67,6 +81,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         key = self.policy.key
         scheduled: list[tuple[Request, int]] = []
+        drafts: dict[str, list[int]] = {}  # the drafts verified this step
         preempted = self._make_room(now_s, budget)
         self.running.sort(key=lambda r: key(r, now_s))
         num_made_room = len(preempted)
@@ -75,18 +90,27 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            while self.blocks.allocate_slots(req.req_id, req.num_computed_tokens + num_new) is None:
+            decode = req.num_tokens - req.num_computed_tokens == 1
+            draft = req.draft[: budget - 1] if decode else []
+            while True:
+                total = req.num_computed_tokens + num_new + len(draft)
+                if self.blocks.allocate_slots(req.req_id, total) is not None:
+                    break
+                if draft:  # no room for the draft: decode without it before preempting
+                    draft = []
+                    continue
                 victim = self.running[-1]  # ranked last by the policy, not yet scheduled
                 self._preempt(victim)
                 preempted.append(victim.req_id)
                 if victim is req:
                     break
-            else:
-                scheduled.append((req, num_new))
-                budget -= num_new
-                i += 1
-                continue
-            break  # req itself was preempted: everything after it is gone too
+            if req.status is RequestStatus.WAITING:
+                break  # req itself was preempted: everything after it is gone too
+            if draft:
+                drafts[req.req_id] = draft
+            scheduled.append((req, num_new + len(draft)))
+            budget -= num_new + len(draft)
+            i += 1
 
         # After preempting for blocks, admitting new work in the same step would only thrash.
         if len(preempted) == num_made_room:
@@ -97,7 +121,7 @@ class Scheduler:
             self._count_tokens(req.tenant, num_new)
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now_s
-        out = tuple(self._describe(req, n) for req, n in scheduled)
+        out = tuple(self._describe(req, n, drafts.get(req.req_id, ())) for req, n in scheduled)
         return SchedulerOutput(out, sum(n for _, n in scheduled), tuple(preempted))
 
     def _admit(self, now_s: float, budget: int, scheduled: list[tuple[Request, int]]) -> int:
@@ -187,6 +211,7 @@ class Scheduler:
         req.num_computed_tokens = num_blocks * self.blocks.block_size
 
     def _preempt(self, req: Request) -> None:
+        req.draft = []
         self.running.remove(req)
         self.blocks.free(req.req_id)
         req.num_computed_tokens = 0
@@ -195,44 +220,97 @@ class Scheduler:
         self.waiting.append(req)
         self.num_preemptions += 1
 
-    def _describe(self, req: Request, num_new: int) -> ScheduledRequest:
+    def _describe(self, req: Request, num_new: int, draft: Sequence[int]) -> ScheduledRequest:
+        """num_new: the step's tokens, draft included (its last len(draft))."""
         start = req.num_computed_tokens
-        end = start + num_new
+        end = start + num_new - len(draft)
         sampling = None
+        draft_rows: tuple[SamplingRow, ...] = ()
         if end == req.num_tokens:
             sampling = SamplingRow(
                 req.params, req.seed, req.prompt_token_ids, req.output_token_ids, req.grammar
             )
+            # After draft token i the request would have generated these: the same seed
+            # stream, penalties and min_tokens as a plain decode of them.
+            draft_rows = tuple(
+                SamplingRow(
+                    req.params,
+                    req.seed,
+                    req.prompt_token_ids,
+                    [*req.output_token_ids, *draft[: i + 1]],
+                )
+                for i in range(len(draft))
+            )
         return ScheduledRequest(
             req_id=req.req_id,
-            token_ids=tuple(req.all_token_ids[start:end]),
+            token_ids=tuple(req.all_token_ids[start:end]) + tuple(draft),
             start_pos=start,
             block_table=tuple(self.blocks.block_table(req.req_id)),
             sampling=sampling,
             lora_slot=req.lora_slot,
+            draft=tuple(draft),
+            draft_sampling=draft_rows,
         )
 
     # ---- after the model ran ---------------------------------------------------------------
     def update(self, batch: SchedulerOutput, sampled: SampledTokens) -> list[Request]:
-        """Advance every scheduled request; return those that got a new token."""
+        """Advance every scheduled request; return those that got new tokens (one, or with a
+        draft, the accepted draft tokens and the one sampled after them: req.num_new_tokens)."""
         advanced: list[Request] = []
         for sreq in batch.requests:
             req = self.requests.get(sreq.req_id)
             if req is None:
                 continue  # aborted while the step ran
-            req.num_computed_tokens = sreq.start_pos + len(sreq.token_ids)
+            tok = sampled.tokens.get(sreq.req_id)
+            draft = sreq.draft
+            # Sampled at each position: a draft token is accepted while it is what was sampled
+            # there (for a draft without probabilities of its own, exactly speculative
+            # sampling's acceptance rule); the first sample that differs, or the one after the
+            # whole draft, is the step's last new token.
+            new = [] if tok is None else [tok, *sampled.drafts.get(sreq.req_id, ())]
+            accepted = 0
+            while accepted < len(draft) and new[accepted].token_id == draft[accepted]:
+                accepted += 1
+            if draft:
+                self.spec_num_drafts += 1
+                self.spec_draft_tokens += len(draft)
+                self.spec_accepted_tokens += accepted
+            computed = sreq.start_pos + len(sreq.token_ids) - len(draft) + accepted
+            req.num_new_tokens = 0
+            for t in new[: accepted + 1]:
+                logprob = None
+                if t.logprob is not None:
+                    logprob = TokenLogprob(t.logprob, t.top_logprobs or ())
+                req.append_token(t.token_id, logprob)
+                req.num_new_tokens += 1
+                if req.stop_reason(self.eos_token_ids) is not None:
+                    break  # the engine ends it; accepted tokens past a stop are dropped
+            # (Less when a stop cut the accepted tokens short: the request ends now anyway.)
+            req.num_computed_tokens = min(computed, req.num_tokens - 1) if new else computed
             self.blocks.cache_full_blocks(
                 req.req_id, req.all_token_ids, req.block_hashes, req.num_computed_tokens
             )
-            tok = sampled.tokens.get(sreq.req_id)
-            if tok is None:
-                continue  # a prefill chunk that did not reach the end of the prompt
-            logprob = None
-            if tok.logprob is not None:
-                logprob = TokenLogprob(tok.logprob, tok.top_logprobs or ())
-            req.append_token(tok.token_id, logprob)
-            advanced.append(req)
+            if req.num_new_tokens:
+                advanced.append(req)
+                req.draft = self._propose(req)
         return advanced
+
+    def _propose(self, req: Request) -> list[int]:
+        """The draft to verify at the request's next decode (prompt lookup), or []."""
+        spec = self.speculative
+        if not spec.enabled or req.grammar is not None:
+            return []
+        limit = spec.disable_by_batch_size
+        if limit is not None and len(self.running) > limit:
+            return []
+        # Leave room for the token sampled after the draft: never past max_tokens.
+        k = min(spec.num_speculative_tokens, req.max_tokens - req.num_output_tokens - 1)
+        if k <= 0:
+            return []
+        if req.ngram is None:
+            req.ngram = NgramIndex(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        proposal: list[int] = req.ngram.propose(req.all_token_ids, k)
+        return proposal
 
     # ---- observability ---------------------------------------------------------------------
     @property

@@ -57,6 +57,9 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("num_preemptions", "vllm:num_preemptions", "Cumulative number of preemptions."),
     ("prompt_tokens", "vllm:prompt_tokens", "Number of prefill tokens processed."),
     ("generation_tokens", "vllm:generation_tokens", "Number of generation tokens processed."),
+    ("spec_num_drafts", "vllm:spec_decode_num_drafts", "Speculative drafts verified."),
+    ("spec_draft_tokens", "vllm:spec_decode_num_draft_tokens", "Draft tokens verified."),
+    ("spec_accepted_tokens", "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."),
 )
 
 MAX_PRIORITY_LABELS = 32
