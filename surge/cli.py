@@ -19,6 +19,7 @@ from surge.engine.config import (
     LoRAConfig,
     ModelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
 )
 from surge.observability.tracing import TracingConfig, endpoint_from_env
 from surge.server.config import ServerConfig
@@ -126,6 +127,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     lora.add_argument("--max-loras", type=int, default=4, help="adapters resident at once")
     lora.add_argument("--max-lora-rank", type=int, default=16)
+    g.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help='speculative decoding, vLLM\'s form: {"method": "ngram", "num_speculative_tokens": '
+        '4, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "disable_by_batch_size": N}',
+    )
 
 
 def parse_tenant_weight(text: str) -> tuple[str, float]:
@@ -150,6 +158,18 @@ def parse_lora_module(text: str) -> tuple[str, str]:
     if not sep or not name or not path:
         raise SystemExit(f"--lora-modules expects NAME=PATH, got {text!r}")
     return name, path
+
+
+def speculative_config(text: str | None) -> SpeculativeConfig:
+    if not text:
+        return SpeculativeConfig()
+    try:
+        fields = json.loads(text)
+        if not isinstance(fields, dict):
+            raise TypeError("not an object")
+        return SpeculativeConfig(**fields)
+    except (ValueError, TypeError) as e:
+        raise SystemExit(f"--speculative-config: {e}") from None
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -188,6 +208,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             max_lora_rank=args.max_lora_rank,
             adapters=tuple(parse_lora_module(m) for m in args.lora_modules),
         ),
+        speculative=speculative_config(args.speculative_config),
     )
 
 
