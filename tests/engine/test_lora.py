@@ -77,8 +77,8 @@ def _tokens(outs: list) -> list[list[int]]:
 
 @pytest.mark.parametrize(
     "engine_kwargs",
-    [{}, {"max_num_batched_tokens": 16}, {"block_size": 4, "num_blocks": 48}],
-    ids=["default", "chunked-16", "preempt"],
+    [{}, {"block_size": 4, "num_blocks": 48}],
+    ids=["default", "preempt"],
 )
 def test_mixed_batch_matches_peft(
     tiny_model_dir: Path,

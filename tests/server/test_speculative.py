@@ -42,7 +42,8 @@ def test_served_drafts_keep_the_answer() -> None:
         assert len(content_chunks) < usage.completion_tokens  # accepted drafts: tokens per chunk
         accepted = server.metric("vllm:spec_decode_num_accepted_tokens_total")
         drafted = server.metric("vllm:spec_decode_num_draft_tokens_total")
-        assert 0 < accepted <= drafted
+        assert accepted <= drafted
+        assert accepted >= usage.completion_tokens // 2  # most of the copy came from drafts
     finally:
         server.stop()
 

@@ -37,6 +37,7 @@
 #include "q4_gemv.h"
 #include "w8a8_gemm.h"
 #include "decode_attention.h"
+#include "lora_rows.h"
 
 namespace {
 
@@ -59,17 +60,9 @@ struct Int8Weight {
   surge::w8a8::Weights w{};
 };
 
-// A projection's LoRA slots (surge/models/lora.py): A [slots, P*R, K] and B transposed,
-// BT [slots, P*R, N], float32, where the projection's P parts (q/k/v, gate/up) each have R rank
-// columns: channel n of part p reads BT's rows [p*R, (p+1)*R) (the rest are zeros there).
-struct LoraPair {
-  torch::Tensor a, bt;  // held: written in place by the wrapper's set_slot
-  int64_t K = 0, N = 0, W = 0;  // input and output widths, P*R
-};
-
 struct Layer {
   torch::Tensor ln1, ln2, qkv_bias;  // float32; qkv_bias empty without one
-  LoraPair lqkv, lo, lgate_up, ldown;  // empty until set_lora
+  surge::LoraPair lqkv, lo, lgate_up, ldown;  // empty until set_lora
   Q4Weight qkv, o, gate_up, down;
   Int8Weight qkv8, o8, gate_up8, down8;  // empty without int8 copies
   torch::Tensor k_cache, v_cache;  // [kv_heads, num_blocks, block_size, head_dim]
@@ -107,12 +100,6 @@ torch::Tensor float_vector(const torch::Tensor& t, int64_t n, const char* what) 
 // The share [begin, end) of `n` items that thread `tid` of `nt` takes.
 inline std::pair<int64_t, int64_t> share(int64_t n, int tid, int nt) {
   return {n * tid / nt, n * (tid + 1) / nt};
-}
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  float acc = 0.f;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];  // vectorized: built with -ffast-math
-  return acc;
 }
 
 // y[m] = x[m] / rms(x[m]) * w, float32 rows of `n`.
@@ -263,7 +250,7 @@ class Q4DecodeStack {
     const int64_t ns[4] = {qkv_n_, hidden_, 2 * inter_, hidden_};
     const int64_t ps[4] = {3, 1, 2, 1};
     for (size_t l = 0; l < layers_.size(); ++l) {
-      LoraPair* pairs[4] = {&layers_[l].lqkv, &layers_[l].lo, &layers_[l].lgate_up,
+      surge::LoraPair* pairs[4] = {&layers_[l].lqkv, &layers_[l].lo, &layers_[l].lgate_up,
                             &layers_[l].ldown};
       for (int i = 0; i < 4; ++i) {
         const torch::Tensor& a = ab[l * 8 + 2 * i];
@@ -274,7 +261,7 @@ class Q4DecodeStack {
         TORCH_CHECK(a.dim() == 3 && a.size(1) == W && a.size(2) == ks[i] && b.dim() == 3 &&
                     b.size(0) == a.size(0) && b.size(1) == W && b.size(2) == ns[i],
                     "q4_decode: LoRA shapes");
-        *pairs[i] = LoraPair{a, b, ks[i], ns[i], W};
+        *pairs[i] = surge::LoraPair{a, b, ks[i], ns[i], W};
       }
     }
     lora_rank_ = rank;
@@ -384,49 +371,6 @@ class Q4DecodeStack {
     const int64_t* lora;  // each row's LoRA slot (-1: none), or null: no adapter in the step
   };
 
-  // LoRA's first half for rows [r0, r1) of x [M, K]: t[m] = A[slot] x[m] (rows with a slot).
-  void lora_down(const LoraPair& p, const float* x, const int64_t* slots, int64_t r0,
-                 int64_t r1) {
-    if (!slots) return;
-    const float* A = p.a.data_ptr<float>();
-    const int64_t tw = 3 * lora_rank_;
-    // Rows inner: an A row is read from memory once for all the rows of its adapter.
-    for (int64_t j = 0; j < p.W; ++j) {
-      for (int64_t m = r0; m < r1; ++m) {
-        if (slots[m] < 0) continue;
-        const float* a = A + (slots[m] * p.W + j) * p.K;
-        lora_t_[m * tw + j] = dot(a, x + m * p.K, p.K);
-      }
-    }
-  }
-
-  // LoRA's second half into out [M, N] for this thread's channels [n0, n1) (those it also
-  // projected, or after a barrier): out[m, n] += sum_r t[m, part(n) R + r] BT[slot][.., n], as
-  // R scaled adds of contiguous BT rows (vectorized; no short dot products to reduce).
-  // part_ends: where each part's channels end.
-  void lora_up(const LoraPair& p, std::initializer_list<int64_t> part_ends, const int64_t* slots,
-               int64_t M, float* out, int64_t n0, int64_t n1) {
-    if (!slots) return;
-    const float* BT = p.bt.data_ptr<float>();
-    const int64_t R = lora_rank_;
-    for (int64_t m = 0; m < M; ++m) {
-      if (slots[m] < 0) continue;
-      const float* t = lora_t_.data() + m * 3 * R;
-      float* o = out + m * p.N;
-      int64_t start = 0, part = 0;
-      for (const int64_t end : part_ends) {
-        const int64_t b0 = std::max(start, n0), b1 = std::min(end, n1);
-        for (int64_t r = part * R; b0 < b1 && r < (part + 1) * R; ++r) {
-          const float tv = t[r];
-          const float* row = BT + (slots[m] * p.W + r) * p.N;
-          for (int64_t n = b0; n < b1; ++n) o[n] += tv * row[n];
-        }
-        start = end;
-        ++part;
-      }
-    }
-  }
-
   // The channels [n0, n1) of a projection of N that thread tid projects on the 4-bit path.
   static std::pair<int64_t, int64_t> channels(int64_t N, int tid, int nt) {
     const auto [b, e] = share(N / kTile, tid, nt);
@@ -480,13 +424,14 @@ class Q4DecodeStack {
       Clock::time_point t = Clock::now();  // thread 0's last phase boundary
       // LoRA's second half, on the channels this thread projected on the 4-bit path; the int8
       // path splits channels by panels, so there it waits for the projection to end first.
-      auto lora_add = [&](const LoraPair& p, std::initializer_list<int64_t> ends, float* out) {
+      auto lora_add = [&](const surge::LoraPair& p, std::initializer_list<int64_t> ends,
+                          float* out) {
         if (!s.lora) return;
         if (int8) {
 #pragma omp barrier
         }
         const auto [n0, n1] = channels(p.N, tid, n);
-        lora_up(p, ends, s.lora, M, out, n0, n1);
+        surge::lora_up(p, ends, s.lora, M, out, n0, n1, lora_t_.data(), lora_rank_);
       };
       for (const Layer& L : layers_) {
         // Per-row phases (norms, activation quantization, rope, SiLU): by rows between the
@@ -497,7 +442,7 @@ class Q4DecodeStack {
                                   : std::pair<int64_t, int64_t>{0, tid ? 0 : M};
         rms_norm(x + r0 * H, L.ln1.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
         quantize(norm_.data(), H, int8, r0, r1, x8_hidden_, xq_hidden_);
-        lora_down(L.lqkv, norm_.data(), s.lora, r0, r1);
+        surge::lora_down(L.lqkv, norm_.data(), s.lora, r0, r1, lora_t_.data(), 3 * lora_rank_);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseNorm1, t);
         if (int8) {
@@ -552,7 +497,7 @@ class Q4DecodeStack {
 #pragma omp barrier
         if (tid == 0) mark(kPhaseAttention, t);
         quantize(attn_.data(), q_size, int8, r0, r1, x8_attn_, xq_attn_);
-        lora_down(L.lo, attn_.data(), s.lora, r0, r1);
+        surge::lora_down(L.lo, attn_.data(), s.lora, r0, r1, lora_t_.data(), 3 * lora_rank_);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseQuantAttn, t);
         if (int8) project8<true>(L.o8, x8_attn_, x, tid, n);
@@ -562,7 +507,8 @@ class Q4DecodeStack {
         if (tid == 0) mark(kPhaseO, t);
         rms_norm(x + r0 * H, L.ln2.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
         quantize(norm_.data(), H, int8, r0, r1, x8_hidden_, xq_hidden_);
-        lora_down(L.lgate_up, norm_.data(), s.lora, r0, r1);
+        surge::lora_down(L.lgate_up, norm_.data(), s.lora, r0, r1, lora_t_.data(),
+                         3 * lora_rank_);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseNorm2, t);
         if (int8) project8<false>(L.gate_up8, x8_hidden_, gu_.data(), tid, n);
@@ -572,7 +518,7 @@ class Q4DecodeStack {
         if (tid == 0) mark(kPhaseGateUp, t);
         silu_mul(gu_.data() + r0 * 2 * inter_, act_.data() + r0 * inter_, r1 - r0, inter_);
         quantize(act_.data(), inter_, int8, r0, r1, x8_inter_, xq_inter_);
-        lora_down(L.ldown, act_.data(), s.lora, r0, r1);
+        surge::lora_down(L.ldown, act_.data(), s.lora, r0, r1, lora_t_.data(), 3 * lora_rank_);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseSilu, t);
         if (int8) project8<true>(L.down8, x8_inter_, x, tid, n);
