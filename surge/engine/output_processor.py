@@ -162,9 +162,16 @@ class OutputProcessor:
     def _advance(self, seq: _Sequence, out: EngineCoreOutput) -> SequenceDelta:
         params = seq.params
         text = seq.held
-        for tok in out.new_token_ids:
+        tokens = list(out.new_token_ids)
+        for i, tok in enumerate(out.new_token_ids):
             text += seq.detok.add(tok)
-        seq.num_tokens += len(out.new_token_ids)
+            if params.stop and i + 1 < len(tokens) and _find_stop(text, params.stop):
+                # Several tokens (an accepted speculative draft) and a stop string before the
+                # last: the output ends at the token that completed it, as without drafts.
+                tokens = tokens[: i + 1]
+                break
+        logprobs = out.new_logprobs[: len(tokens)] if out.new_logprobs is not None else None
+        seq.num_tokens += len(tokens)
         finish: str | None = out.finish_reason.value if out.finish_reason else None
         stop_reason: str | int | None = None
         if out.finish_reason is FinishReason.STOP and out.new_token_ids:
@@ -186,9 +193,7 @@ class OutputProcessor:
             text = text[: len(text) - keep]
         else:
             seq.held = ""
-        return SequenceDelta(
-            seq.index, text, list(out.new_token_ids), out.new_logprobs, finish, stop_reason
-        )
+        return SequenceDelta(seq.index, text, tokens, logprobs, finish, stop_reason)
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:

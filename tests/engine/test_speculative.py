@@ -156,3 +156,28 @@ def test_no_drafts_for_structured_output_or_big_batches(tiny_model_dir: Path) ->
     constrained = SamplingParams(temperature=0.0, max_tokens=8, structured=choice)
     llm.generate([loop], constrained, use_tqdm=False)
     assert llm.engine.stats().spec_num_drafts == 0
+
+
+def test_a_stop_string_inside_an_accepted_draft_ends_there(
+    tiny_model_dir: Path, oracle: type[Oracle]
+) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    plain_llm, plain = _run(tiny_model_dir, greedy)
+    tok = plain_llm.tokenizer
+    oracle.answers = {
+        tuple(tok.encode(p)): o.outputs[0].token_ids for p, o in zip(PROMPTS, plain, strict=True)
+    }
+    llm = LLM(str(tiny_model_dir), dtype="float32", num_speculative_tokens=6)
+    checked = 0
+    for i, out in enumerate(plain):
+        stop = tok.decode(out.outputs[0].token_ids[12:14]).strip()
+        if len(stop) < 2:
+            continue
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                stop=[stop])  # fmt: skip
+        want = plain_llm.generate(PROMPTS[i], params, use_tqdm=False)[0].outputs[0]
+        got = llm.generate(PROMPTS[i], params, use_tqdm=False)[0].outputs[0]
+        assert got.text == want.text and got.token_ids == want.token_ids
+        assert got.finish_reason == "stop"
+        checked += 1
+    assert checked >= 2
