@@ -181,3 +181,28 @@ def test_a_stop_string_inside_an_accepted_draft_ends_there(
         assert got.finish_reason == "stop"
         checked += 1
     assert checked >= 2
+
+
+def test_drafts_with_lora_adapters_and_n(
+    tiny_model_dir: Path, oracle: type[Oracle], tmp_path: Path
+) -> None:
+    """Drafts on adapter rows (their own slot in the verifying chunk) and on n = 2 siblings
+    sharing a prompt: the same outputs as without drafts."""
+    from tests.lora_adapters import write_peft_adapter
+
+    adapter = str(write_peft_adapter(tiny_model_dir, tmp_path / "a", r=4, seed=5))
+    params = SamplingParams(temperature=0.8, seed=3, n=2, max_tokens=24, ignore_eos=True)
+    names = ["a", None, "a", None]
+    plain_llm = LLM(str(tiny_model_dir), dtype="float32", lora_modules={"a": adapter})
+    plain = plain_llm.generate(PROMPTS, params, use_tqdm=False, lora_name=names)
+    tok = plain_llm.tokenizer
+    # The oracle knows one answer per prompt: the first sibling's (the second's drafts miss).
+    oracle.answers = {
+        tuple(tok.encode(p)): o.outputs[0].token_ids for p, o in zip(PROMPTS, plain, strict=True)
+    }
+    llm = LLM(str(tiny_model_dir), dtype="float32", lora_modules={"a": adapter},
+              num_speculative_tokens=4)  # fmt: skip
+    spec = llm.generate(PROMPTS, params, use_tqdm=False, lora_name=names)
+    for a, b in zip(plain, spec, strict=True):
+        assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
+    assert llm.engine.stats().spec_accepted_tokens > 0
