@@ -20,6 +20,7 @@ NOTE: one request's path
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -311,6 +312,13 @@ class Proxy:
             self._observe_overhead(req, first, sent_s, ready_s)
             return stream
         response = Response(body, status_code=resp.status_code, headers=headers)
+        if outcome is Outcome.SUCCESS and _model_not_found(resp.status_code, body, req.model):
+            # Its list was stale (a LoRA adapter unloaded since the last scrape): forget the
+            # model there and try an upstream that still lists it; the upstream is fine.
+            lease.finish(outcome)
+            if up.models is not None and req.model is not None:
+                up.models = up.models - {req.model}
+            return _Attempt(outcome, response=response, kind="model_not_found")
         if outcome is Outcome.SUCCESS:
             lease.finish(outcome)
             self._observe_overhead(req, first, sent_s, ready_s)
@@ -402,6 +410,17 @@ class Proxy:
         health = self.config.health
         probe_s = health.interval_s * health.healthy_threshold or health.eject_s
         return min(opens, default=probe_s)
+
+
+def _model_not_found(status: int, body: bytes, model: str | None) -> bool:
+    """A 404 in the OpenAI shape saying the request's model is not there."""
+    if status != 404 or model is None:
+        return False
+    try:
+        error = json.loads(body).get("error", {})
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("code") == "model_not_found"
 
 
 def _is_event_stream(resp: httpx.Response) -> bool:

@@ -107,3 +107,25 @@ def test_a_run_time_load_joins_the_rotation(pair: Pair) -> None:
     assert r.status_code == 200, r.text
     _wait_models(pair.gateway, {"test-model": 2, "sql": 1})
     assert _upstreams(pair.gateway, "sql", 4) == Counter({pair.with_lora.url: 4})
+
+
+def test_a_stale_list_is_retried_where_the_model_is(pair: Pair) -> None:
+    """An adapter unloaded since the gateway's last look (a scrape a minute apart): the upstream
+    answers 404 model_not_found, and the request is retried on one that still serves it."""
+    body = {"lora_name": "sql", "lora_path": str(pair.adapter)}
+    r = httpx.post(pair.plain.url + "/v1/load_lora_adapter", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    slow = GatewayProcess("--upstream", pair.with_lora.url, "--upstream", pair.plain.url,
+                          "--policy", "round_robin", "--health-interval", "0.5",
+                          "--scrape-interval", "60")  # fmt: skip
+    try:
+        slow.wait_ready(num_upstreams=2)
+        _wait_models(slow, {"test-model": 2, "sql": 2})  # the first scrape: both list it
+        r = httpx.post(pair.plain.url + "/v1/unload_lora_adapter", json={"lora_name": "sql"},
+                       timeout=30)  # fmt: skip
+        assert r.status_code == 200, r.text
+        # Round robin would send every other request to the upstream that unloaded it.
+        assert _upstreams(slow, "sql", 4) == Counter({pair.with_lora.url: 4})
+        assert 'surge_gateway_retries_total{reason="model_not_found"} 1.0' in slow.metrics()
+    finally:
+        slow.stop()
