@@ -79,7 +79,8 @@ def _run(model: Path, params: SamplingParams, **kwargs: object) -> tuple[LLM, li
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-SEEDED = SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=MAX_TOKENS, ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=11, max_tokens=MAX_TOKENS,
+                        ignore_eos=True)  # fmt: skip
 PENALTIES = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
                            repetition_penalty=1.3, frequency_penalty=0.5, logprobs=2)  # fmt: skip
 CHUNKED = {"max_num_batched_tokens": 16}

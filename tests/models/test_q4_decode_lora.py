@@ -151,13 +151,15 @@ def test_engine_adapters_through_the_stack(tmp_path: Path) -> None:
     # here: 253 against 216 at -1.232 / -1.236), and the two paths' log-probabilities differ by
     # ~0.05 even without adapters, so the check is that the stack's answer is far closer to the
     # wrappers' than the base model's is: a missing or misplaced delta fails it.
-    eager = LLM("smollm2-135m", quantization="q4", fused_decode=False,
-                lora_modules={"moved": str(moved)}, max_lora_rank=RANK)  # fmt: skip
     first = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
     many = [*prompts, "Once upon a time", "def add(a, b):", "The best way to learn",
             "My favourite colour is", "In 1492,", "import numpy as"]  # fmt: skip
-    want = eager.generate(many, first, False, lora_name="moved")
+    runner.fused.stack = stack
     got = llm.generate(many, first, False, lora_name="moved")
+    runner.fused, fused = None, runner.fused  # the same engine, layer by layer
+    want = llm.generate(many, first, False, lora_name="moved")
+    runner.fused = fused
+    assert all(w.num_cached_tokens == 0 for w in want)  # computed again, not the stack's KV
     base_out = llm.generate(many, first, False)
     noise, effect = [], []
     for w, g, b in zip(want, got, base_out, strict=True):
