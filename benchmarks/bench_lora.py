@@ -2,9 +2,10 @@
 mix of adapters, in one engine.
 
 The default model and settings, with `--adapters` random rank-`--rank` adapters on every
-projection (PEFT's file format, written here for SmolLM2's shapes). B requests of the same
-prompts decode `--max-tokens` greedy tokens (ignore_eos): all on the base model, all on one
-adapter, and spread over every adapter plus the base, alternating, `--rounds` times each.
+projection (PEFT's file format, written for SmolLM2's shapes by tests/lora_adapters.py). B
+requests of the same prompts decode `--max-tokens` greedy tokens (ignore_eos): all on the base
+model, all on one adapter, and spread over every adapter plus the base, alternating, `--rounds`
+times each.
 Prints output tokens per second for each and the ratio to the base model's.
 
     python benchmarks/bench_lora.py --batch 1,16 --max-tokens 64 --rounds 3
@@ -13,23 +14,18 @@ Prints output tokens per second for each and the ratio to the base model's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from surge.engine.llm import LLM
-from surge.models.lora import TARGETS, _module_shape
 from surge.models.resolve import resolve_model
-from surge.models.spec import ModelSpec
 from surge.models.weights import open_model
 from surge.sampling_params import SamplingParams
+from tests.lora_adapters import write_random_adapter
 
 PROMPTS = [
     "Explain how a paged KV cache works.",
@@ -37,29 +33,6 @@ PROMPTS = [
     "What are the three laws of thermodynamics?",
     "Give me a recipe for pancakes.",
 ]
-
-
-def write_adapter(folder: Path, spec: ModelSpec, rank: int, seed: int) -> Path:
-    """A random PEFT LoRA adapter on every projection of every layer."""
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(spec.num_layers):
-        for module in TARGETS:
-            in_f, out_f = _module_shape(spec, module)
-            owner = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-            key = f"base_model.model.model.layers.{layer}.{owner}.{module}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, in_f, generator=gen) / in_f**0.5
-            tensors[f"{key}.lora_B.weight"] = torch.randn(out_f, rank, generator=gen) * 0.01
-    folder.mkdir(parents=True)
-    save_file(tensors, str(folder / "adapter_model.safetensors"))
-    config = {
-        "peft_type": "LORA",
-        "r": rank,
-        "lora_alpha": 2 * rank,
-        "target_modules": list(TARGETS),
-    }
-    (folder / "adapter_config.json").write_text(json.dumps(config))
-    return folder
 
 
 def main() -> None:
@@ -73,8 +46,10 @@ def main() -> None:
     path = resolve_model("smollm2-135m")
     spec = open_model(path).spec
     with tempfile.TemporaryDirectory() as tmp:
-        names = {f"lora{i}": str(write_adapter(Path(tmp) / f"a{i}", spec, args.rank, i))
-                 for i in range(args.adapters)}  # fmt: skip
+        names = {
+            f"lora{i}": str(write_random_adapter(Path(tmp) / f"a{i}", spec, args.rank, i, 0.02))
+            for i in range(args.adapters)
+        }
         llm = LLM(str(path), lora_modules=names, max_loras=args.adapters, max_lora_rank=args.rank)
     tok = llm.tokenizer
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)

@@ -120,9 +120,7 @@ class EngineCore:
         cache_salt = (creq.cache_salt or "").encode()
         lora_slot = -1
         if creq.lora_name is not None:
-            if self.loras is None:
-                raise ValueError("LoRA adapters are not enabled on this server (--enable-lora)")
-            adapter = self.loras.get(creq.lora_name)
+            adapter = self._lora_manager().get(creq.lora_name)
             lora_slot, cache_salt = adapter.slot, cache_salt + adapter.cache_salt
         req = Request(
             creq.req_id,
@@ -146,14 +144,15 @@ class EngineCore:
     # ---- LoRA adapters -----------------------------------------------------------------------
     def add_lora(self, name: str, path: str) -> None:
         """Load a PEFT adapter under `name`; ValueError says why it cannot be."""
-        if self.loras is None:
-            raise ValueError("LoRA adapters are not enabled on this server (--enable-lora)")
-        self.loras.add(name, path)
+        self._lora_manager().add(name, path)
 
     def remove_lora(self, name: str) -> None:
+        self._lora_manager().remove(name, self._live_lora_slots())
+
+    def _lora_manager(self) -> LoRAManager:
         if self.loras is None:
             raise ValueError("LoRA adapters are not enabled on this server (--enable-lora)")
-        self.loras.remove(name, self._live_lora_slots())
+        return self.loras
 
     def list_loras(self) -> tuple[tuple[str, str], ...]:
         return self.loras.listing() if self.loras is not None else ()
@@ -170,7 +169,7 @@ class EngineCore:
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[EngineCoreOutput]:
-        if self.loras is not None:
+        if self.loras is not None and self.loras.retiring:
             self.loras.reap(self._live_lora_slots())  # unloaded adapters whose requests ended
         now = time.monotonic()
         batch = self.scheduler.schedule(now)
@@ -209,6 +208,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         sched = self.scheduler
         iteration_tokens, self._iteration_tokens = self._iteration_tokens, []
+        lora_names = self.loras.names_by_slot() if self.loras is not None else {}
         return EngineStats(
             num_running=sched.num_running,
             num_waiting=sched.num_waiting,
@@ -223,18 +223,18 @@ class EngineCore:
             num_steps=self._num_steps,
             iteration_tokens=iteration_tokens,
             tenant_tokens=dict(sched.tenant_tokens),
-            lora_running=self._adapters_of(sched.running),
-            lora_waiting=self._adapters_of(sched.waiting),
+            lora_running=self._adapters_of(sched.running, lora_names),
+            lora_waiting=self._adapters_of(sched.waiting, lora_names),
             max_loras=self.loras.config.max_loras if self.loras is not None else 0,
             spec_num_drafts=sched.spec_num_drafts,
             spec_draft_tokens=sched.spec_draft_tokens,
             spec_accepted_tokens=sched.spec_accepted_tokens,
         )
 
-    def _adapters_of(self, reqs: list[Request]) -> tuple[str, ...]:
-        if self.loras is None:
+    @staticmethod
+    def _adapters_of(reqs: list[Request], names: dict[int, str]) -> tuple[str, ...]:
+        if not names:
             return ()
-        names = self.loras.names_by_slot()
         return tuple(sorted({names[r.lora_slot] for r in reqs if r.lora_slot in names}))
 
 

@@ -92,6 +92,11 @@ class LoRAManager:
         self.reap(live_slots)
         log.info("LoRA adapter %r unloaded", name)
 
+    @property
+    def retiring(self) -> bool:
+        """Whether unloaded adapters still hold slots (reap frees them)."""
+        return bool(self._retired)
+
     def reap(self, live_slots: Iterable[int]) -> None:
         """Free the slots of unloaded adapters that no live request uses any more."""
         if not self._retired:

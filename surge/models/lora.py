@@ -27,15 +27,16 @@ from torch import Tensor, nn
 
 from surge.models.spec import ModelSpec
 
-# PEFT module name -> (the fused projection here, the part's index in it)
-TARGETS: dict[str, tuple[str, int]] = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "o_proj": ("o_proj", 0),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-    "down_proj": ("down_proj", 0),
+# PEFT module name -> (its block in a decoder layer, the fused projection here, the part's
+# index in it); parts in order.
+TARGETS: dict[str, tuple[str, str, int]] = {
+    "q_proj": ("self_attn", "qkv_proj", 0),
+    "k_proj": ("self_attn", "qkv_proj", 1),
+    "v_proj": ("self_attn", "qkv_proj", 2),
+    "o_proj": ("self_attn", "o_proj", 0),
+    "gate_proj": ("mlp", "gate_up_proj", 0),
+    "up_proj": ("mlp", "gate_up_proj", 1),
+    "down_proj": ("mlp", "down_proj", 0),
 }
 _KEY = re.compile(
     r"^(?:base_model\.model\.)?(?:model\.)?layers\.(\d+)\.(?:self_attn|mlp)\."
@@ -91,7 +92,7 @@ def read_peft_adapter(path: str | Path, spec: ModelSpec, max_rank: int) -> LoRAW
         if set(ab) != {"A", "B"}:
             raise LoRAError(f"{folder.name}: layer {layer} {module} lacks lora_A or lora_B")
         a, b = ab["A"].float(), ab["B"].float()
-        in_f, out_f = _module_shape(spec, module)
+        in_f, out_f = module_shape(spec, module)
         r = a.shape[0]
         if a.shape != (r, in_f) or b.shape != (out_f, r):
             raise LoRAError(
@@ -103,9 +104,7 @@ def read_peft_adapter(path: str | Path, spec: ModelSpec, max_rank: int) -> LoRAW
                 f"{folder.name}: rank {r} is above --max-lora-rank {max_rank}; raise it"
             )
         rank = max(rank, r)
-        owner = "self_attn" if TARGETS[module][0] in ("qkv_proj", "o_proj") else "mlp"
-        name = f"model.layers.{layer}.{owner}.{module}"
-        pairs[(layer, module)] = (a, b * _scaling(cfg, name, r))
+        pairs[(layer, module)] = (a, b * _scaling(cfg, peft_module_name(layer, module), r))
     return LoRAWeights(str(folder), rank, pairs)
 
 
@@ -158,7 +157,12 @@ def _scaling(cfg: dict[str, object], module_name: str, r: int) -> float:
     return float(alpha) / (math.sqrt(r) if cfg.get("use_rslora") else r)
 
 
-def _module_shape(spec: ModelSpec, module: str) -> tuple[int, int]:
+def peft_module_name(layer: int, module: str) -> str:
+    """A PEFT module's name in the HF model: model.layers.3.self_attn.q_proj"""
+    return f"model.layers.{layer}.{TARGETS[module][0]}.{module}"
+
+
+def module_shape(spec: ModelSpec, module: str) -> tuple[int, int]:
     """(in_features, out_features) of a PEFT module name."""
     h, inter = spec.hidden_size, spec.intermediate_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
@@ -269,21 +273,18 @@ class LoRAModel:
         self.max_rank = max_rank
         self.batch = LoRABatch()
         self.layers: dict[tuple[int, str], LoRALinear] = {}
-        h, inter = spec.hidden_size, spec.intermediate_size
-        q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        shapes = {
-            "qkv_proj": ("self_attn", h, (q, kv, kv)),
-            "o_proj": ("self_attn", q, (h,)),
-            "gate_up_proj": ("mlp", h, (inter, inter)),
-            "down_proj": ("mlp", inter, (h,)),
-        }
+        fused: dict[str, list[str]] = {}  # fused projection -> its PEFT modules, in part order
+        for module, (_, name, _) in TARGETS.items():
+            fused.setdefault(name, []).append(module)
         for i, layer in enumerate(model.layers):  # type: ignore[arg-type]
-            for name, (owner_name, in_f, parts) in shapes.items():
-                owner = getattr(layer, owner_name)
-                base = getattr(owner, name)
+            for name, modules in fused.items():
+                owner = getattr(layer, TARGETS[modules[0]][0])
+                in_f = module_shape(spec, modules[0])[0]
+                parts = tuple(module_shape(spec, m)[1] for m in modules)
                 wrapped = LoRALinear(
-                    base, in_f, parts, max_loras, max_rank, self.batch, dtype, device
-                )
+                    getattr(owner, name), in_f, parts, max_loras, max_rank, self.batch, dtype,
+                    device,
+                )  # fmt: skip
                 setattr(owner, name, wrapped)
                 self.layers[(i, name)] = wrapped
 
@@ -292,7 +293,7 @@ class LoRAModel:
         for (layer, name), mod in self.layers.items():
             fused[(layer, name)] = [None] * len(mod.part_sizes)
         for (layer, module), pair in weights.pairs.items():
-            name, part = TARGETS[module]
+            _, name, part = TARGETS[module]
             fused[(layer, name)][part] = pair
         for key, pairs in fused.items():
             self.layers[key].set_slot(slot, pairs)

@@ -62,10 +62,13 @@ class ServerState:
     def max_model_len(self) -> int:
         return self.client.max_model_len
 
+    def is_base_model(self, name: str) -> bool:
+        return name in (self.config.served_model_name, self.model_path)
+
     def check_model(self, name: str | None) -> str | None:
         """404 unless `name` is the served model or a loaded LoRA adapter; the adapter's name,
         or None for the base model."""
-        if name is None or name in (self.config.served_model_name, self.model_path):
+        if name is None or self.is_base_model(name):
             return None
         if name in self.client.lora_adapters:
             return name

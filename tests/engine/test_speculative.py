@@ -53,6 +53,14 @@ class Oracle:
     def __init__(self, min_n: int, max_n: int) -> None:
         self.calls = 0
 
+    @classmethod
+    def teach(cls, llm: LLM, outs: list) -> None:  # type: ignore[type-arg]
+        """The answers: each prompt's first output from a run without drafts."""
+        tok = llm.tokenizer
+        cls.answers = {
+            tuple(tok.encode(p)): o.outputs[0].token_ids for p, o in zip(PROMPTS, outs, strict=True)
+        }
+
     def propose(self, tokens: list[int], k: int) -> list[int]:
         for prompt, answer in self.answers.items():
             if tuple(tokens[: len(prompt)]) == prompt:
@@ -99,10 +107,7 @@ def test_drafts_never_change_the_output(
     engine_kwargs: dict[str, object],
 ) -> None:
     plain_llm, plain = _run(tiny_model_dir, params, **engine_kwargs)
-    tok = plain_llm.tokenizer
-    oracle.answers = {
-        tuple(tok.encode(p)): o.outputs[0].token_ids for p, o in zip(PROMPTS, plain, strict=True)
-    }
+    oracle.teach(plain_llm, plain)
     llm, spec = _run(tiny_model_dir, params, num_speculative_tokens=4, **engine_kwargs)
     for a, b in zip(plain, spec, strict=True):
         assert b.outputs[0].token_ids == a.outputs[0].token_ids
@@ -126,12 +131,8 @@ def test_drafts_never_change_the_output(
 def test_a_stop_inside_an_accepted_draft_ends_there(
     tiny_model_dir: Path, oracle: type[Oracle]
 ) -> None:
-    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    plain_llm, plain = _run(tiny_model_dir, greedy)
-    tok = plain_llm.tokenizer
-    oracle.answers = {
-        tuple(tok.encode(p)): o.outputs[0].token_ids for p, o in zip(PROMPTS, plain, strict=True)
-    }
+    plain_llm, plain = _run(tiny_model_dir, GREEDY)
+    oracle.teach(plain_llm, plain)
     # Stop at the 10th token of each answer, and cap at 23 tokens: both land mid-draft.
     llm = LLM(str(tiny_model_dir), dtype="float32", num_speculative_tokens=6)
     for i, out in enumerate(plain):
@@ -162,13 +163,10 @@ def test_no_drafts_for_structured_output_or_big_batches(tiny_model_dir: Path) ->
 def test_a_stop_string_inside_an_accepted_draft_ends_there(
     tiny_model_dir: Path, oracle: type[Oracle]
 ) -> None:
-    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    plain_llm, plain = _run(tiny_model_dir, greedy)
-    tok = plain_llm.tokenizer
-    oracle.answers = {
-        tuple(tok.encode(p)): o.outputs[0].token_ids for p, o in zip(PROMPTS, plain, strict=True)
-    }
+    plain_llm, plain = _run(tiny_model_dir, GREEDY)
+    oracle.teach(plain_llm, plain)
     llm = LLM(str(tiny_model_dir), dtype="float32", num_speculative_tokens=6)
+    tok = plain_llm.tokenizer
     checked = 0
     for i, out in enumerate(plain):
         stop = tok.decode(out.outputs[0].token_ids[12:14]).strip()
@@ -196,11 +194,8 @@ def test_drafts_with_lora_adapters_and_n(
     names = ["a", None, "a", None]
     plain_llm = LLM(str(tiny_model_dir), dtype="float32", lora_modules={"a": adapter})
     plain = plain_llm.generate(PROMPTS, params, use_tqdm=False, lora_name=names)
-    tok = plain_llm.tokenizer
     # The oracle knows one answer per prompt: the first sibling's (the second's drafts miss).
-    oracle.answers = {
-        tuple(tok.encode(p)): o.outputs[0].token_ids for p, o in zip(PROMPTS, plain, strict=True)
-    }
+    oracle.teach(plain_llm, plain)
     llm = LLM(str(tiny_model_dir), dtype="float32", lora_modules={"a": adapter},
               num_speculative_tokens=4)  # fmt: skip
     spec = llm.generate(PROMPTS, params, use_tqdm=False, lora_name=names)

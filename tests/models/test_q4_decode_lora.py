@@ -4,7 +4,6 @@ mix the base model and two adapters, on few rows (per-row phases on one thread) 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,9 +11,10 @@ import torch
 
 from surge import LLM, SamplingParams
 from surge.models.attention import AttnMetadata
-from surge.models.lora import LoRAModel, LoRAWeights
+from surge.models.lora import LoRAModel, LoRAWeights, module_shape
 from surge.models.q4_decode import FusedQ4Decode
 from surge.models.spec import ModelSpec
+from tests.lora_adapters import write_random_adapter
 from tests.models.test_q4_decode import (
     FOUR_BIT,
     MANY,
@@ -32,13 +32,11 @@ RANK = 8
 
 
 def random_adapter(spec: ModelSpec, seed: int, rank: int, modules: tuple[str, ...]) -> LoRAWeights:
-    from surge.models.lora import _module_shape
-
     gen = torch.Generator().manual_seed(seed)
     pairs = {}
     for layer in range(spec.num_layers):
         for module in modules:
-            k, n = _module_shape(spec, module)
+            k, n = module_shape(spec, module)
             a = torch.randn(rank, k, generator=gen) / k**0.5
             pairs[(layer, module)] = (a, torch.randn(n, rank, generator=gen) * 0.5)
     return LoRAWeights("test", rank, pairs)
@@ -90,29 +88,6 @@ def test_stack_lora_matches_layer_by_layer(
     assert_caches_match(ref_caches, fused_caches, attn.slot_mapping, 5e-3, 1e-6)
 
 
-def write_adapter(folder: Path, spec: ModelSpec, seed: int, b_scale: float) -> Path:
-    """A PEFT-format adapter on every projection (the format is checked against PEFT in
-    tests/engine/test_lora.py); b_scale 0 makes one that changes nothing."""
-    from safetensors.torch import save_file
-
-    from surge.models.lora import TARGETS, _module_shape
-
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(spec.num_layers):
-        for module in TARGETS:
-            k, n = _module_shape(spec, module)
-            owner = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-            key = f"base_model.model.model.layers.{layer}.{owner}.{module}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(RANK, k, generator=gen) / k**0.5
-            tensors[f"{key}.lora_B.weight"] = torch.randn(n, RANK, generator=gen) * b_scale
-    folder.mkdir(parents=True)
-    save_file(tensors, str(folder / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": RANK, "lora_alpha": RANK, "target_modules": list(TARGETS)}
-    (folder / "adapter_config.json").write_text(json.dumps(config))
-    return folder
-
-
 @needs_stack
 @pytest.mark.slow
 def test_engine_adapters_through_the_stack(tmp_path: Path) -> None:
@@ -122,8 +97,8 @@ def test_engine_adapters_through_the_stack(tmp_path: Path) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=0)
     llm = LLM("smollm2-135m", quantization="q4", enable_lora=True, max_lora_rank=RANK)
     spec = llm.engine.files.spec
-    zero = write_adapter(tmp_path / "zero", spec, 1, 0.0)
-    moved = write_adapter(tmp_path / "moved", spec, 2, 0.1)
+    zero = write_random_adapter(tmp_path / "zero", spec, RANK, 1, 0.0)
+    moved = write_random_adapter(tmp_path / "moved", spec, RANK, 2, 0.1)
     llm.add_lora("zero", str(zero))
     llm.add_lora("moved", str(moved))
     runner = llm.engine.runner

@@ -97,7 +97,7 @@ def test_concurrent_base_and_adapter(
         texts = list(pool.map(lambda j: _complete(server, j[0], PROMPTS[j[1]]), jobs))
     for (model, i), text in zip(jobs, texts, strict=True):
         assert text == expected[None if model == "test-model" else "all"][i]
-    info = [k for k in _metric_labels(server, "vllm:lora_requests_info")]
+    info = _metric_labels(server, "vllm:lora_requests_info")
     assert info and info[0]["max_lora"] == "2"
 
 

@@ -371,21 +371,20 @@ class Q4DecodeStack {
     const int64_t* lora;  // each row's LoRA slot (-1: none), or null: no adapter in the step
   };
 
-  // The channels [n0, n1) of a projection of N that thread tid projects on the 4-bit path.
+  // The channels [n0, n1) of a projection of N that thread tid projects on the 4-bit path
+  // (whole tiles of 16; the last thread also takes the rows after the last tile): `project`'s
+  // share, and LoRA's second half on the same channels without a barrier between.
   static std::pair<int64_t, int64_t> channels(int64_t N, int tid, int nt) {
     const auto [b, e] = share(N / kTile, tid, nt);
     return {b * kTile, tid == nt - 1 ? N : e * kTile};
   }
 
-  // Thread tid's share of a projection's output channels (whole tiles of 16; the last thread
-  // also takes the rows after the last tile); ADD: added into `out`.
+  // Thread tid's share of a projection's output channels (`channels`); ADD: added into `out`.
   template <bool ADD>
   static void project(const Q4Weight& w, const QuantizedX& xq, const float* bias, int64_t M,
                       float* out, int tid, int nt) {
-    const int64_t tiles = w.N / kTile;
-    const auto [b, e] = share(tiles, tid, nt);
-    const int64_t n1 = tid == nt - 1 ? w.N : e * kTile;
-    q4_range<ADD>(w.q(), w.d(), xq, M, bias, b * kTile, n1, w.N, out);
+    const auto [n0, n1] = channels(w.N, tid, nt);
+    q4_range<ADD>(w.q(), w.d(), xq, M, bias, n0, n1, w.N, out);
   }
 
   // The activations for the next projection from float32 rows x [M, K], rows [r0, r1) of them
@@ -433,6 +432,10 @@ class Q4DecodeStack {
         const auto [n0, n1] = channels(p.N, tid, n);
         surge::lora_up(p, ends, s.lora, M, out, n0, n1, lora_t_.data(), lora_rank_);
       };
+      // LoRA's first half, A x of this thread's rows [r0, r1) of the projection's input.
+      auto lora_in = [&](const surge::LoraPair& p, const float* in, int64_t r0, int64_t r1) {
+        surge::lora_down(p, in, s.lora, r0, r1, lora_t_.data(), 3 * lora_rank_);
+      };
       for (const Layer& L : layers_) {
         // Per-row phases (norms, activation quantization, rope, SiLU): by rows between the
         // threads on the int8 path or past a few rows, else on thread 0 (a split of a few rows
@@ -442,7 +445,7 @@ class Q4DecodeStack {
                                   : std::pair<int64_t, int64_t>{0, tid ? 0 : M};
         rms_norm(x + r0 * H, L.ln1.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
         quantize(norm_.data(), H, int8, r0, r1, x8_hidden_, xq_hidden_);
-        surge::lora_down(L.lqkv, norm_.data(), s.lora, r0, r1, lora_t_.data(), 3 * lora_rank_);
+        lora_in(L.lqkv, norm_.data(), r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseNorm1, t);
         if (int8) {
@@ -497,7 +500,7 @@ class Q4DecodeStack {
 #pragma omp barrier
         if (tid == 0) mark(kPhaseAttention, t);
         quantize(attn_.data(), q_size, int8, r0, r1, x8_attn_, xq_attn_);
-        surge::lora_down(L.lo, attn_.data(), s.lora, r0, r1, lora_t_.data(), 3 * lora_rank_);
+        lora_in(L.lo, attn_.data(), r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseQuantAttn, t);
         if (int8) project8<true>(L.o8, x8_attn_, x, tid, n);
@@ -507,8 +510,7 @@ class Q4DecodeStack {
         if (tid == 0) mark(kPhaseO, t);
         rms_norm(x + r0 * H, L.ln2.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
         quantize(norm_.data(), H, int8, r0, r1, x8_hidden_, xq_hidden_);
-        surge::lora_down(L.lgate_up, norm_.data(), s.lora, r0, r1, lora_t_.data(),
-                         3 * lora_rank_);
+        lora_in(L.lgate_up, norm_.data(), r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseNorm2, t);
         if (int8) project8<false>(L.gate_up8, x8_hidden_, gu_.data(), tid, n);
@@ -518,7 +520,7 @@ class Q4DecodeStack {
         if (tid == 0) mark(kPhaseGateUp, t);
         silu_mul(gu_.data() + r0 * 2 * inter_, act_.data() + r0 * inter_, r1 - r0, inter_);
         quantize(act_.data(), inter_, int8, r0, r1, x8_inter_, xq_inter_);
-        surge::lora_down(L.ldown, act_.data(), s.lora, r0, r1, lora_t_.data(), 3 * lora_rank_);
+        lora_in(L.ldown, act_.data(), r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseSilu, t);
         if (int8) project8<true>(L.down8, x8_inter_, x, tid, n);

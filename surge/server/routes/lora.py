@@ -46,7 +46,7 @@ async def load_lora_adapter(body: LoadLoRARequest, request: Request) -> Response
     state = get_state(request)
     _check_allowed(state)
     name = body.lora_name
-    if name in (state.config.served_model_name, state.model_path):
+    if state.is_base_model(name):
         raise BadRequestError(f"{name!r} is the base model's name", param="lora_name")
     if name in state.client.lora_adapters:
         raise BadRequestError(
