@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from surge.batching.config import BatcherConfig
 from surge.engine.config import (
@@ -23,6 +24,7 @@ from surge.engine.config import (
 )
 from surge.observability.tracing import TracingConfig, endpoint_from_env
 from surge.server.config import ServerConfig
+from surge.server.tool_parsers import PARSERS
 
 # torch.compile's graphs (--compile): inductor's own default cache is under /tmp, gone at
 # reboot, and the five decode graphs took 505 s to build cold on 2 cores against 146 s from
@@ -284,6 +286,22 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter",
     )
+    t = p.add_argument_group("chat template and tool calls")
+    t.add_argument("--chat-template", default=None, help="a Jinja file (or text) to use instead "
+                   "of the model's own chat template")  # fmt: skip
+    t.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='serve tool_choice "auto" (the default when a request has tools): the model may '
+        "answer or call tools, read back from its own syntax",
+    )
+    t.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(PARSERS),
+        help="that syntax (default: the one the chat template teaches, else hermes, which the "
+        "system prompt then teaches)",
+    )
     g.add_argument(
         "--api-niceness",
         type=int,
@@ -353,6 +371,9 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         default_max_tokens=args.default_max_tokens,
         log_requests=args.log_requests,
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        chat_template=_chat_template(args.chat_template),
         api_niceness=args.api_niceness,
         embedding_model=args.embedding_model,
         embedding_model_name=args.embedding_model_name,
@@ -369,6 +390,18 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
             instance_id=f"{args.host}:{args.port}",
         ),
     )
+
+
+def _chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's text, or the value itself when it is Jinja, not a path."""
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    if "{" not in value:
+        raise SystemExit(f"--chat-template: no such file {value!r}")
+    return value
 
 
 def _int_list(text: str) -> tuple[int, ...]:

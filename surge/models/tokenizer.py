@@ -36,11 +36,20 @@ class Tokenizer:
         eos = [] if eos_token_id is None else [eos_token_id]
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys([*eos, *extra_eos_token_ids]))
         self.add_bos_token = add_bos_token
-        self.chat_template = chat_template
+        self._chat_template = chat_template
         self._special_ids = frozenset(
             i for i, tok in backend.get_added_tokens_decoder().items() if tok.special
         )
         self._template: jinja2.Template | None = None
+
+    @property
+    def chat_template(self) -> str | None:
+        """The Jinja chat template (None: the model has none)."""
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, template: str | None) -> None:
+        self._chat_template, self._template = template, None
 
     @property
     def backend(self) -> HFTokenizer:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from surge.batching.config import BatcherConfig
 from surge.deadline import TIMEOUT_HEADER
 from surge.observability.tracing import TracingConfig
+from surge.server.tool_parsers import PARSERS
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,11 @@ class ServerConfig:
     tracing: TracingConfig = field(default_factory=TracingConfig)  # OTLP spans; off by default
     # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read the server's files).
     allow_runtime_lora_updating: bool = False
+    # tool_choice "auto": read calls from the model's own syntax with this parser (None: the
+    # one the chat template teaches); off, "auto" is a 400 as in vLLM.
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    chat_template: str | None = None  # Jinja text replacing the model's own
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -61,5 +67,9 @@ class ServerConfig:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
         if not 0 <= self.api_niceness <= 19:
             raise ValueError(f"api_niceness must be in 0..19, got {self.api_niceness}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in PARSERS:
+            names = ", ".join(sorted(PARSERS))
+            raise ValueError(f"tool_call_parser must be one of {names}, got "
+                             f"{self.tool_call_parser!r}")  # fmt: skip
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")

@@ -94,6 +94,8 @@ async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int
     """Run until drained or the engine dies; returns the process exit code."""
     path = resolve_model(engine_config.model.model)
     tokenizer = open_model(path).tokenizer
+    if server_config.chat_template is not None:
+        tokenizer.chat_template = server_config.chat_template
     client = await AsyncEngineClient.start(engine_config, tokenizer)
     log.info(
         "engine ready (pid %s): %s, %s on %s, context %d",
@@ -109,6 +111,12 @@ async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int
     embeddings = _load_embeddings(server_config, metrics)
     tracing = Tracing.start(server_config.tracing)
     state = ServerState.create(server_config, client, metrics, embeddings, tracing)
+    if state.tool_parser is not None:
+        log.info(
+            'tool_choice "auto": %s tool calls, %s', state.tool_parser.name,
+            "as the chat template renders tools" if state.template_renders_tools
+            else "taught in the system message (the chat template renders no tools)",
+        )  # fmt: skip
     app = build_app(state)
     uv_config = uvicorn.Config(
         app,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from types import EllipsisType
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
@@ -193,11 +194,15 @@ class _SamplingRequest(_Model):
         return structured_output_of(self.response_format, self.structured_outputs, guided)
 
     def _sampling_params(
-        self, *, max_tokens: int | None, logprobs: int | None, renames: Mapping[str, str]
+        self,
+        *,
+        max_tokens: int | None,
+        logprobs: int | None,
+        renames: Mapping[str, str],
+        structured: StructuredOutput | None,
     ) -> SamplingParams:
         if not 1 <= self.n <= MAX_N:
             raise BadRequestError(f"n must be between 1 and {MAX_N}, got {self.n}", param="n")
-        structured = self.structured_output()
         try:
             return SamplingParams(
                 n=self.n,
@@ -279,7 +284,8 @@ class CompletionRequest(_SamplingRequest):
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """Engine settings; raises BadRequestError(param=...) for any out-of-range value."""
         max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
-        return self._sampling_params(max_tokens=max_tokens, logprobs=self.logprobs, renames={})
+        return self._sampling_params(max_tokens=max_tokens, logprobs=self.logprobs, renames={},
+                                     structured=self.structured_output())  # fmt: skip
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -312,12 +318,14 @@ class ChatCompletionRequest(_SamplingRequest):
             raise ValueError("functions (deprecated by OpenAI) are not supported; send tools")
         return value
 
-    def tool_plan(self) -> ToolPlan | None:
-        """How tool_choice holds the output, or None when it does not (400 for "auto")."""
-        return tool_plan_of(self.tools, self.tool_choice)
+    def tool_plan(self, auto_tools: bool = False) -> ToolPlan | None:
+        """How tool_choice holds the output, or None when it does not (400 for "auto" unless
+        the server reads calls back: `auto_tools`)."""
+        return tool_plan_of(self.tools, self.tool_choice, auto_tools)
 
-    def structured_output(self) -> StructuredOutput | None:
-        return with_tool_plan(self.tool_plan(), super().structured_output())
+    def auto_tools(self) -> bool:
+        """Whether the model chooses between answering and calling the tools."""
+        return bool(self.tools) and self.tool_choice in (None, "auto")
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The tools as the chat template takes them (None: the template shows none)."""
@@ -328,8 +336,14 @@ class ChatCompletionRequest(_SamplingRequest):
     def template_messages(self) -> list[dict[str, Any]]:
         return template_messages(self.messages)
 
-    def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        """Engine settings; raises BadRequestError(param=...) for any out-of-range value."""
+    def to_sampling_params(
+        self, default_max_tokens: int, plan: ToolPlan | EllipsisType | None = ...
+    ) -> SamplingParams:
+        """Engine settings; raises BadRequestError(param=...) for any out-of-range value.
+        `plan`: the request's tool plan, when the caller has it already."""
+        if isinstance(plan, EllipsisType):
+            plan = self.tool_plan()
+        structured = with_tool_plan(plan, self.structured_output())
         renames = {"logprobs": "top_logprobs"}
         if self.max_completion_tokens is not None:
             max_tokens: int | None = self.max_completion_tokens
@@ -339,7 +353,9 @@ class ChatCompletionRequest(_SamplingRequest):
         else:
             max_tokens = default_max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens=max_tokens, logprobs=logprobs, renames=renames)
+        return self._sampling_params(
+            max_tokens=max_tokens, logprobs=logprobs, renames=renames, structured=structured
+        )
 
 
 def check_context_length(

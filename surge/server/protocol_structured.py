@@ -127,20 +127,23 @@ def _vllm_forms(
 def tool_plan_of(
     tools: list[ToolSpec] | None,
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None,
+    auto_tools: bool = False,
 ) -> ToolPlan | None:
-    """How tool_choice holds the output, or None when it does not; 400 for what cannot be
-    served: "auto" with tools needs a model-specific tool-call parser this server lacks."""
+    """How tool_choice holds the output, or None when it does not ("none", or "auto" read back
+    by the server's tool-call parser); 400 for what cannot be served: "auto" with tools when
+    the server has no parser (`auto_tools` false)."""
     specs = {t.function.name: t.function.parameters for t in tools or ()}
     choice = tool_choice
     if choice is None:
         choice = "auto" if specs else "none"
-    if choice == "none":
+    if choice == "none" or (choice == "auto" and auto_tools):
         return None
     if choice == "auto":
         raise BadRequestError(
             "tool_choice: 'auto' (the default with tools) needs a parser of this model's "
-            "own tool-call syntax, which this server does not have; send tool_choice "
-            "'required' or a named function, and the output is held to the call's JSON",
+            "own tool-call syntax, which this server was not started with "
+            "(--enable-auto-tool-choice); send tool_choice 'required' or a named function, "
+            "and the output is held to the call's JSON",
             param="tool_choice",
         )
     if not specs:

@@ -17,6 +17,8 @@ from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
 from surge.server.errors import BadRequestError, NotFoundError, RateLimitError, SurgeHTTPError
 from surge.server.rate_limit import RateLimiter
+from surge.server.tool_parsers import PARSERS, ToolParser, parser_for_template
+from surge.server.tool_parsers.prompt import renders_tools
 
 
 @dataclass
@@ -29,6 +31,7 @@ class ServerState:
     started_s: float
     embeddings: EmbeddingService | None = None
     tracing: Tracing = field(default_factory=Tracing.off)
+    tool_parser: type[ToolParser] | None = None  # None: tool_choice "auto" is refused
 
     @classmethod
     def create(
@@ -52,7 +55,12 @@ class ServerState:
             started_s=time.monotonic(),
             embeddings=embeddings,
             tracing=tracing or Tracing.off(),
+            tool_parser=_tool_parser(config, client.tokenizer.chat_template),
         )
+
+    @property
+    def template_renders_tools(self) -> bool:
+        return renders_tools(self.tokenizer.chat_template)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -115,6 +123,14 @@ class ServerState:
                 retry_after_s=wait,
                 code="rate_limit_exceeded",
             )
+
+
+def _tool_parser(config: ServerConfig, template: str | None) -> type[ToolParser] | None:
+    if not config.enable_auto_tool_choice:
+        return None
+    if config.tool_call_parser is not None:
+        return PARSERS[config.tool_call_parser]
+    return parser_for_template(template)
 
 
 def request_timeout_s(request: Request, config: ServerConfig) -> float | None:

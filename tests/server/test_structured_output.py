@@ -247,11 +247,3 @@ def test_required_calls_stream_whole_at_the_end(tiny_server: ServerProcess) -> N
     for call in calls:
         assert call.id and call.function and call.function.name in ("get_weather", "get_time")
         json.loads(call.function.arguments or "")
-
-
-def test_tool_choice_auto_is_refused_with_a_reason(tiny_server: ServerProcess) -> None:
-    with pytest.raises(openai.BadRequestError) as err:
-        _client(tiny_server).chat.completions.create(model="test-model", messages=ASK,
-                                                     tools=[WEATHER])  # fmt: skip
-    assert err.value.body["param"] == "tool_choice"  # type: ignore[index]
-    assert "'required' or a named function" in err.value.body["message"]  # type: ignore[index]

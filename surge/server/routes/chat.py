@@ -28,6 +28,8 @@ from surge.server.serving import (
     stream_response,
 )
 from surge.server.state import ServerState, get_state
+from surge.server.tool_parsers import ToolCallStream, ToolParser
+from surge.server.tool_parsers.prompt import with_tools_prompt
 from surge.server.tools import ToolCall, ToolPlan, new_call_id
 
 router = APIRouter()
@@ -36,11 +38,15 @@ router = APIRouter()
 def render_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
     tok = state.tokenizer
     kwargs = dict(body.chat_template_kwargs or {})
-    if (tools := body.template_tools()) is not None:
+    messages, tools = body.template_messages(), body.template_tools()
+    if state.tool_parser is not None and not state.template_renders_tools:
+        # The template knows no tools: the parser's syntax carries them (tool_parsers/prompt.py).
+        messages = with_tools_prompt(state.tool_parser(()), messages, tools)
+    elif tools is not None:
         kwargs.setdefault("tools", tools)
     try:
         text = tok.apply_chat_template(
-            body.template_messages(), add_generation_prompt=body.add_generation_prompt, **kwargs
+            messages, add_generation_prompt=body.add_generation_prompt, **kwargs
         )
     except ValueError as e:
         raise BadRequestError(f"cannot apply the chat template: {e}", param="messages") from e
@@ -59,8 +65,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     check_context_length(len(prompt), max_tokens, state.max_model_len, param="messages")
     room = state.max_model_len - len(prompt)
     default = room if state.config.default_max_tokens is None else state.config.default_max_tokens
-    params = body.to_sampling_params(default_max_tokens=min(default, room))
-    plan = body.tool_plan()
+    plan = body.tool_plan(auto_tools=state.tool_parser is not None)
+    params = body.to_sampling_params(default_max_tokens=min(default, room), plan=plan)
+    parser = _auto_parser(state, body)
     job = start_job(
         state, request, [prompt], params, request_id=body.request_id, user=body.user,
         priority=body.priority if "priority" in body.model_fields_set else None,
@@ -68,7 +75,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     )  # fmt: skip
     model = body.model or state.config.served_model_name
     if body.stream:
-        return _stream(job, body, model, plan)
+        return _stream(job, body, model, plan, parser)
     if not await run_to_completion(job, request):
         return Response(status_code=499)
     tok = state.tokenizer
@@ -76,12 +83,13 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     for i, c in enumerate(job.choices):
         logprobs = chat_logprobs(tok, c.logprobs) if params.logprobs is not None else None
         message, finish_reason = ChatResponseMessage(content=c.text), c.finish_reason
-        if plan is not None:
-            content, calls = plan.answer(c.text)
+        reader = plan or parser
+        if reader is not None:
+            content, calls = reader.answer(c.text)
             if calls:
                 tool_calls = [t.to_openai() for t in calls]
                 message = ChatResponseMessage(content=content, tool_calls=tool_calls)
-                finish_reason = plan.finish_reason(c.finish_reason)
+                finish_reason = _called(c.finish_reason)
         choices.append(
             ChatCompletionChoice(
                 index=i, message=message, logprobs=logprobs, finish_reason=finish_reason
@@ -91,7 +99,22 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     return JSONResponse(resp.model_dump(mode="json"))
 
 
-def _stream(job: Job, body: ChatCompletionRequest, model: str, plan: ToolPlan | None) -> Response:
+def _auto_parser(state: ServerState, body: ChatCompletionRequest) -> ToolParser | None:
+    """The parser that reads tool calls back when the model may choose to make them."""
+    if state.tool_parser is None or not body.auto_tools():
+        return None
+    return state.tool_parser([t.function.name for t in body.tools or ()])
+
+
+def _called(engine_reason: str | None) -> str | None:
+    """ "tool_calls" for an output that ended by itself with calls, else the engine's reason."""
+    return "tool_calls" if engine_reason == "stop" else engine_reason
+
+
+def _stream(
+    job: Job, body: ChatCompletionRequest, model: str, plan: ToolPlan | None,
+    parser: ToolParser | None,
+) -> Response:  # fmt: skip
     cid = new_chat_completion_id()
     include_usage = body.include_usage
     tok = job.state.tokenizer
@@ -100,6 +123,7 @@ def _stream(job: Job, body: ChatCompletionRequest, model: str, plan: ToolPlan | 
     # end, when it parses.
     call_ids = [new_call_id() for _ in job.choices]
     streams_arguments = plan is not None and plan.named is not None
+    calls = None if parser is None else [ToolCallStream(parser) for _ in job.choices]
 
     def chunk(choices: list[ChatCompletionStreamChoice]) -> str:
         return ChatCompletionStreamResponse(id=cid, model=model, choices=choices).to_sse(
@@ -125,7 +149,13 @@ def _stream(job: Job, body: ChatCompletionRequest, model: str, plan: ToolPlan | 
             if want_logprobs and d.logprobs is not None:
                 triples = delta_triples(d)
                 logprobs = chat_logprobs(tok, triples)
-            if plan is None and (d.text or logprobs is not None):
+            if calls is not None:
+                content, pieces = calls[i].update(job.choices[i].text, d.finish_reason is not None)
+                if content or pieces or logprobs is not None:
+                    delta = DeltaMessage(content=content or None, tool_calls=pieces or None)
+                    choice = ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs)
+                    out.append(chunk([choice]))
+            elif plan is None and (d.text or logprobs is not None):
                 delta = DeltaMessage(content=d.text)
                 out.append(
                     chunk([ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs)])
@@ -140,6 +170,8 @@ def _stream(job: Job, body: ChatCompletionRequest, model: str, plan: ToolPlan | 
                 if plan is not None:
                     out += _closing(plan, job.choices[i].text, i, chunk, streams_arguments)
                     reason = plan.finish_reason(d.finish_reason) or reason
+                elif calls is not None and calls[i].called:
+                    reason = _called(reason) or reason
                 out.append(chunk([ChatCompletionStreamChoice(index=i, finish_reason=reason)]))
         return out
 
