@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from surge.structured_output import StructuredOutput
@@ -12,6 +12,7 @@ from surge.structured_output import StructuredOutput
 # temperature overflows float32 to inf and turns the softmax into NaN.
 GREEDY_TEMPERATURE_EPS = 1e-5
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
 
 
 def _check_int(name: str, value: object) -> int:
@@ -30,27 +31,56 @@ def _check_float(name: str, value: object) -> float:
 
 
 def _normalise_stop(value: object) -> tuple[str, ...]:
+    return _normalise_strings("stop", value)
+
+
+def _normalise_strings(name: str, value: object) -> tuple[str, ...]:
     if isinstance(value, str):
         value = (value,)
     if not isinstance(value, Iterable):
-        raise ValueError(f"stop must be a string or a list of strings, got {value!r}")
+        raise ValueError(f"{name} must be a string or a list of strings, got {value!r}")
     out: list[str] = []
     for s in value:
-        if not isinstance(s, str) or not s:
-            raise ValueError(f"stop must contain only non-empty strings, got {s!r}")
+        if not isinstance(s, str) or not s or (name == "bad_words" and not s.strip()):
+            raise ValueError(f"{name} must contain only non-empty strings, got {s!r}")
         out.append(s)
     return tuple(out)
 
 
 def _normalise_stop_token_ids(value: object) -> tuple[int, ...]:
+    return _normalise_token_ids("stop_token_ids", value)
+
+
+def _normalise_token_ids(name: str, value: object) -> tuple[int, ...]:
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
-        raise ValueError(f"stop_token_ids must be a list of integers, got {value!r}")
+        raise ValueError(f"{name} must be a list of integers, got {value!r}")
     out: list[int] = []
     for t in value:
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
-            raise ValueError(f"stop_token_ids must contain only integers >= 0, got {t!r}")
+            raise ValueError(f"{name} must contain only integers >= 0, got {t!r}")
         out.append(t)
     return tuple(out)
+
+
+def _normalise_logit_bias(value: object) -> tuple[tuple[int, float], ...]:
+    """{token id: bias} (or pairs) -> sorted pairs; ids may be strings, as JSON keys are."""
+    items = value.items() if isinstance(value, Mapping) else value
+    if not isinstance(items, Iterable) or isinstance(items, str | bytes):
+        raise ValueError(f"logit_bias must map token ids to numbers, got {value!r}")
+    out: dict[int, float] = {}
+    for item in items:
+        try:
+            key, bias = item
+            token = int(key) if isinstance(key, str) else _check_int("logit_bias", key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias keys must be token ids, got {item!r}") from None
+        if token < 0:
+            raise ValueError(f"logit_bias keys must be token ids >= 0, got {token}")
+        b = _check_float("logit_bias", bias)
+        if not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias values must be in [-100, 100], got {b} for {token}")
+        out[token] = b
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +105,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured: StructuredOutput | None = None  # the text must match this (JSON schema, regex...)
+    # Added to the logits of these token ids (OpenAI's logit_bias; a dict is accepted).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None  # only these may be generated (vLLM)
+    bad_words: tuple[str, ...] = ()  # words never generated (vLLM): their last token is banned
 
     def __post_init__(self) -> None:
         if _check_int("n", self.n) < 1:
@@ -116,6 +150,23 @@ class SamplingParams:
         # Frozen dataclass: normalising needs object.__setattr__.
         object.__setattr__(self, "stop", _normalise_stop(self.stop))
         object.__setattr__(self, "stop_token_ids", _normalise_stop_token_ids(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", _normalise_logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            allowed = _normalise_token_ids("allowed_token_ids", self.allowed_token_ids)
+            if not allowed:
+                raise ValueError("allowed_token_ids must not be empty")
+            object.__setattr__(self, "allowed_token_ids", allowed)
+        object.__setattr__(self, "bad_words", _normalise_strings("bad_words", self.bad_words))
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """ValueError naming the field when a token id lies outside the vocabulary."""
+        for name, ids in (
+            ("logit_bias", [t for t, _ in self.logit_bias]),
+            ("allowed_token_ids", self.allowed_token_ids or ()),
+        ):
+            if bad := [t for t in ids if t >= vocab_size]:
+                raise ValueError(f"{name} has token ids outside the vocabulary [0, "
+                                 f"{vocab_size}): {bad}")  # fmt: skip
 
     @property
     def is_greedy(self) -> bool:

@@ -24,6 +24,7 @@ from surge.engine.policies import make_policy
 from surge.engine.request import FinishReason, Request
 from surge.engine.sampler import Sampler
 from surge.engine.scheduler import Scheduler
+from surge.engine.token_rules import encode_bad_words
 from surge.models.device import Precision
 from surge.models.resolve import resolve_model
 from surge.models.weights import ModelFiles, open_model
@@ -112,6 +113,7 @@ class EngineCore:
         vocab = self.files.spec.vocab_size
         if any(t < 0 or t >= vocab for t in creq.prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        creq.params.check_vocab(vocab)
         room = self.max_model_len - prompt_len
         max_tokens = room if creq.params.max_tokens is None else min(creq.params.max_tokens, room)
         seed = creq.seed
@@ -138,6 +140,7 @@ class EngineCore:
                 self.grammars.matcher(creq.params.structured) if creq.params.structured else None
             ),
             lora_slot=lora_slot,
+            bad_words=encode_bad_words(creq.params.bad_words, self.tokenizer),
         )
         self.scheduler.add(req)
 

@@ -51,6 +51,7 @@ class Request:
         share_prompt_with: str | None = None,
         grammar: Any = None,
         lora_slot: int = -1,
+        bad_words: tuple[tuple[int, ...], ...] = (),
     ) -> None:
         if not prompt_token_ids:
             raise ValueError("prompt must contain at least one token")
@@ -66,6 +67,7 @@ class Request:
         self.share_prompt_with = share_prompt_with  # a sibling (n > 1) whose prompt KV we reuse
         self.grammar = grammar  # an llguidance matcher (structured output), fed every token
         self.lora_slot = lora_slot  # the LoRA adapter's slot (-1: none); its salt is in cache_salt
+        self.bad_words = bad_words  # params.bad_words as token sequences
         self.draft: list[int] = []  # speculative tokens to verify at the next decode
         self.ngram: Any = None  # its NgramIndex, made at the first proposal
         self.num_new_tokens = 0  # tokens appended by the last step (several when drafts hit)

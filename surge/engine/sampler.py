@@ -1,6 +1,7 @@
 """Turn a batch of logits into next tokens, following vLLM v1's sampling semantics.
 
-Order: repetition penalty -> frequency/presence penalties -> min_tokens masking -> greedy argmax,
+Order: repetition penalty -> frequency/presence penalties -> logit_bias, allowed_token_ids,
+bad_words -> min_tokens masking -> greedy argmax,
 or temperature -> min_p -> top_k -> top_p -> sample. Logprobs report the raw model distribution.
 Random rows are sampled statelessly from (seed, step), so a seeded request gets the same tokens
 whatever else is in the batch.
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from surge.engine.grammar import apply_token_bitmask_, token_bitmask
+from surge.engine.token_rules import BadWords, apply_token_rules, has_token_rules
 from surge.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -30,6 +32,7 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]  # tokens generated so far by this request
     grammar: Any = None  # an llguidance matcher: only tokens it allows may be picked
+    bad_words: BadWords = ()  # the request's bad_words as token sequences
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +144,12 @@ def apply_min_tokens(
 def process_logits(
     logits: torch.Tensor, rows: Sequence[SamplingRow], eos_token_ids: Sequence[int]
 ) -> torch.Tensor:
-    """Penalties then min_tokens masking: the logits greedy and random sampling start from."""
-    return apply_min_tokens(apply_penalties(logits, rows), rows, eos_token_ids)
+    """Penalties, logit_bias and the token masks, then min_tokens masking: the logits greedy and
+    random sampling start from."""
+    out = apply_penalties(logits, rows)
+    if any(has_token_rules(r) for r in rows):
+        out = apply_token_rules(out, rows)
+    return apply_min_tokens(out, rows, eos_token_ids)
 
 
 def _ranked(probs: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,6 +289,7 @@ class Sampler:
             r.params.is_greedy
             and r.params.logprobs is None
             and not _has_penalties(r.params)
+            and not has_token_rules(r)
             and not _min_tokens_active(r)
             for r in rows
         ):

@@ -228,8 +228,9 @@ class Scheduler:
         draft_rows: tuple[SamplingRow, ...] = ()
         if end == req.num_tokens:
             sampling = SamplingRow(
-                req.params, req.seed, req.prompt_token_ids, req.output_token_ids, req.grammar
-            )
+                req.params, req.seed, req.prompt_token_ids, req.output_token_ids, req.grammar,
+                req.bad_words,
+            )  # fmt: skip
             # After draft token i the request would have generated these: the same seed
             # stream, penalties and min_tokens as a plain decode of them.
             draft_rows = tuple(
@@ -238,6 +239,7 @@ class Scheduler:
                     req.seed,
                     req.prompt_token_ids,
                     [*req.output_token_ids, *draft[: i + 1]],
+                    bad_words=req.bad_words,
                 )
                 for i in range(len(draft))
             )

@@ -143,6 +143,7 @@ class _SamplingRequest(_Model):
     frequency_penalty: StrictFloat | None = None
     user: StrictStr | None = None
     echo: StrictBool = False
+    logit_bias: dict[StrictStr, StrictFloat] | None = None  # token id (as a string) -> bias
     # vLLM extras
     top_k: StrictInt | None = None
     min_p: StrictFloat | None = None
@@ -155,6 +156,8 @@ class _SamplingRequest(_Model):
     priority: StrictInt = 0
     request_id: StrictStr | None = None
     cache_salt: StrictStr | None = None
+    allowed_token_ids: list[StrictInt] | None = None
+    bad_words: list[StrictStr] | None = None
     # Structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* fields
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
@@ -225,9 +228,22 @@ class _SamplingRequest(_Model):
                 include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens,
                 structured=structured,
+                logit_bias=_token_bias(self.logit_bias),
+                allowed_token_ids=(
+                    None if self.allowed_token_ids is None else tuple(self.allowed_token_ids)
+                ),
+                bad_words=tuple(self.bad_words or ()),
             )
         except ValueError as exc:
             raise _sampling_error(str(exc), renames) from exc
+
+
+def _token_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias: JSON keys are strings, each a token id."""
+    try:
+        return tuple((int(k), v) for k, v in (bias or {}).items())
+    except ValueError:
+        raise ValueError(f"logit_bias keys must be token ids, got {list(bias or {})}") from None
 
 
 def _sampling_error(message: str, renames: Mapping[str, str]) -> BadRequestError:

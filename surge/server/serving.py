@@ -166,6 +166,10 @@ def start_job(
     from surge.server.state import client_key, request_timeout_s
 
     timeout_s = request_timeout_s(request, state.config)  # a bad header: 400 before admission
+    try:
+        params.check_vocab(state.client.info.vocab_size)
+    except ValueError as e:
+        raise BadRequestError(str(e), param=str(e).split(" ", 1)[0]) from None
     if state.client.dead_reason is not None:
         raise ServiceUnavailableError("engine is not running", retry_after_s=5, code="engine_dead")
     tenant = resolve_tenant(request, user, state.config)

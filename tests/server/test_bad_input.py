@@ -45,6 +45,12 @@ def assert_error(r: httpx.Response, status: int, param: str | None = None) -> di
         (COMP, {"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
         (COMP, {"prompt": [99999999]}, "prompt"),
         (COMP, {"prompt": "x", "max_tokens": 100000}, "max_tokens"),
+        (COMP, {"prompt": "x", "logit_bias": {"cat": 1}}, "logit_bias"),
+        (COMP, {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+        (CHAT, {"messages": MSG, "logit_bias": {"99999999": 1}}, "logit_bias"),
+        (CHAT, {"messages": MSG, "allowed_token_ids": []}, "allowed_token_ids"),
+        (COMP, {"prompt": "x", "allowed_token_ids": [1, 99999999]}, "allowed_token_ids"),
+        (COMP, {"prompt": "x", "bad_words": [""]}, "bad_words"),
     ],
 )
 def test_bad_request_400(

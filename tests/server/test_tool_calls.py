@@ -82,10 +82,16 @@ def test_auto_answers_in_text_and_carries_tools_in_the_prompt(tiny_server: Serve
     assert text.usage and plain.usage
     assert text.usage.prompt_tokens > plain.usage.prompt_tokens + 100
     # An agent loop's next turn: the call and the tool's answer render in the same syntax.
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'}}
-    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
-               {"role": "tool", "tool_call_id": "call_1", "content": "12 C, light rain"}]
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "C"}'},
+    }
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12 C, light rain"},
+    ]
     follow = client.chat.completions.create(model="test-model", messages=history,
                                             tools=[WEATHER], max_tokens=4)  # fmt: skip
     assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
