@@ -62,7 +62,7 @@ class ModelRunner:
         self.kv_caches = kv_caches
         # 4-bit models on CPU: small decode steps as one compiled call (None: not applicable).
         self.fused: FusedQ4Decode | None = None
-        if fused_decode and use_kernels and device.type == "cpu":
+        if fused_decode and use_kernels and device.type == "cpu" and model.spec.llama_block:
             self.fused = FusedQ4Decode.build(model, kv_caches)
             if self.fused is not None:
                 log.info("decode steps of up to %d requests: fused stack", self.fused.max_rows)
@@ -82,7 +82,12 @@ class ModelRunner:
             self._compiled = torch.compile(model.forward, dynamic=False, fullgraph=True)
         # A GPU's decode steps replay CUDA graphs (eager ones: --compile keeps its own graphs).
         self.graphs: DecodeGraphs | None = None
-        if cuda_graphs and device.type == "cuda" and not compile:
+        spec = model.spec
+        # The longest sliding window (None: every layer sees the whole context).
+        windows = [w for i in range(spec.num_layers) if (w := spec.window(i)) is not None]
+        self.window = max(windows, default=None)
+        # The graphs replay the whole-context decode only (sliding windows: eager steps).
+        if cuda_graphs and device.type == "cuda" and not compile and self.window is None:
             self.graphs = DecodeGraphs(
                 model,
                 kv_caches,
@@ -347,6 +352,13 @@ class ModelRunner:
             decode_tables = torch.zeros((0, 1), dtype=torch.long, device=dev)
             seq_lens = torch.zeros(0, dtype=torch.long, device=dev)
             decode_bias = torch.zeros((0, 1, bs), device=dev)
+        window_bias = None
+        if self.window is not None and tables_list and max(seq_lens_list) > self.window:
+            span = torch.arange(decode_tables.shape[1] * bs, device=dev).unsqueeze(0)  # [1, L]
+            ends = seq_lens.unsqueeze(1)  # [D, 1]
+            outside = (span >= ends) | (span < ends - self.window)
+            window_bias = torch.zeros(outside.shape, device=dev).masked_fill_(outside, -torch.inf)
+            window_bias = window_bias.unsqueeze(1)
 
         attn = AttnMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
@@ -358,6 +370,7 @@ class ModelRunner:
             kv_caches=self.kv_caches,
             decode_op=self.decode_op,
             write_kv_op=self.write_kv_op,
+            decode_bias_window=window_bias,
         )
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos_t = torch.tensor(positions, dtype=torch.long, device=dev)

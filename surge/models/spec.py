@@ -9,14 +9,21 @@ from typing import Any
 import gguf
 import numpy as np
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3")
 ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
 
 _HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Gemma3ForCausalLM": "gemma3",
 }
+_HF_MODEL_TYPES = {"gemma3_text": "gemma3"}
+# Gemma 3: every 6th layer attends to the whole context, the others to a sliding window, with
+# RoPE at a base of their own (llama.cpp fixes both for GGUFs, which do not store them).
+GEMMA3_GLOBAL_EVERY = 6
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+SLIDING, FULL = "sliding_attention", "full_attention"
 # Llama 3.1's original context; a GGUF keeps only the rope_freqs tensor derived from it.
 _LLAMA3_ORIGINAL_CONTEXT = 8192
 
@@ -57,7 +64,15 @@ class ModelSpec:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool  # q/k/v projections have biases (Qwen2)
-    sliding_window: int | None = None  # parsed and recorded (Mistral); not applied
+    sliding_window: int | None = None  # the window of layers whose type is SLIDING
+    # Gemma 3's departures from Llama; the defaults are Llama's.
+    layer_types: tuple[str, ...] = ()  # per layer SLIDING or FULL; () : all FULL
+    rope_local_theta: float | None = None  # RoPE base of SLIDING layers (no scaling there)
+    hidden_act: str = "silu"  # of the gated MLP: "silu" or "gelu_tanh"
+    qk_norm: bool = False  # RMSNorm on each head's q and k before RoPE
+    sandwich_norm: bool = False  # RMSNorm on the attention's and the MLP's outputs too
+    embed_scale: float = 1.0  # embeddings are multiplied by this (Gemma: sqrt(hidden))
+    attn_scale: float | None = None  # None: head_dim ** -0.5
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -65,16 +80,37 @@ class ModelSpec:
                 f"unsupported architecture {self.architecture!r}; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"unsupported activation {self.hidden_act!r}")
+        if self.layer_types and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"{len(self.layer_types)} layer types for {self.num_layers} layers")
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of "
                 f"num_kv_heads ({self.num_kv_heads})"
             )
 
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer` (None: it attends to the whole context)."""
+        if self.layer_types and self.layer_types[layer] == SLIDING:
+            return self.sliding_window
+        return None
+
+    @property
+    def llama_block(self) -> bool:
+        """Whether every layer is a plain Llama block (what the fused CPU decode stack runs)."""
+        return (
+            not self.qk_norm and not self.sandwich_norm and self.hidden_act == "silu"
+            and self.embed_scale == 1.0 and self.attn_scale is None
+            and all(t == FULL for t in self.layer_types)
+        )  # fmt: skip
+
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelSpec:
         """Spec from a transformers config.json (Llama, Mistral or Qwen2 causal LM)."""
         arch = _hf_architecture(cfg)
+        if arch == "gemma3":
+            return _gemma3_from_hf(cfg)
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
         # transformers >= 5 nests theta and scaling under "rope_parameters".
@@ -106,9 +142,10 @@ class ModelSpec:
     def from_gguf(cls, reader: gguf.GGUFReader) -> ModelSpec:
         """Spec from GGUF metadata ("{arch}.*" keys) and the tensors the file holds."""
         arch = str(_field(reader, "general.architecture"))
-        if arch not in ("llama", "qwen2"):
+        if arch not in ("llama", "qwen2", "gemma3"):
             raise ValueError(
-                f"unsupported GGUF architecture {arch!r}; supported: llama (incl. Mistral), qwen2"
+                f"unsupported GGUF architecture {arch!r}; supported: llama (incl. Mistral), "
+                "qwen2, gemma3"
             )
         tensors = {t.name: t for t in reader.tensors}
 
@@ -129,6 +166,15 @@ class ModelSpec:
         spec_arch = "mistral" if arch == "llama" and "mistral" in name else arch
         rope_freqs = tensors.get("rope_freqs.weight")
         sliding = key("attention.sliding_window")
+        gemma: dict[str, Any] = {}
+        if arch == "gemma3":
+            layers = int(key("block_count"))
+            gemma = _gemma3_extras(
+                layers, hidden, head_dim, _gemma3_pattern(layers, GEMMA3_GLOBAL_EVERY),
+                GEMMA3_LOCAL_ROPE_THETA,
+                # llama.cpp: Gemma 3 27B scales queries by hidden / heads, the others by head_dim.
+                query_scalar=hidden // heads if layers == 62 else head_dim,
+            )  # fmt: skip
         return cls(
             architecture=spec_arch,
             vocab_size=int(vocab),
@@ -145,7 +191,79 @@ class ModelSpec:
             tie_word_embeddings="output.weight" not in tensors,
             attention_bias="blk.0.attn_q.bias" in tensors,
             sliding_window=int(sliding) if sliding else None,
+            **gemma,
         )
+
+
+def _gemma3_pattern(layers: int, every: int) -> tuple[str, ...]:
+    return tuple(FULL if (i + 1) % every == 0 else SLIDING for i in range(layers))
+
+
+def _gemma3_extras(
+    layers: int,
+    hidden: int,
+    head_dim: int,
+    layer_types: tuple[str, ...],
+    local_theta: float,
+    query_scalar: float,
+) -> dict[str, Any]:
+    return {
+        "layer_types": layer_types,
+        "rope_local_theta": local_theta,
+        "hidden_act": "gelu_tanh",
+        "qk_norm": True,
+        "sandwich_norm": True,
+        "embed_scale": math.sqrt(hidden),
+        "attn_scale": float(query_scalar) ** -0.5,
+    }
+
+
+def _gemma3_from_hf(cfg: dict[str, Any]) -> ModelSpec:
+    """Gemma 3's text model (Gemma3ForCausalLM); its norms hold w for a (1 + w) scale, which
+    the safetensors loader folds in."""
+    for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if cfg.get(cap) is not None:
+            raise ValueError(f"Gemma with {cap} (Gemma 2) is not supported")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"unsupported Gemma activation {act!r}")
+    layers = int(cfg["num_hidden_layers"])
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or 256)
+    types = cfg.get("layer_types")
+    pattern = (
+        tuple(str(t) for t in types)
+        if types
+        else _gemma3_pattern(layers, int(cfg.get("sliding_window_pattern", GEMMA3_GLOBAL_EVERY)))
+    )
+    # transformers >= 5 keeps RoPE per layer type under "rope_parameters".
+    rope = cfg.get("rope_parameters") or {}
+    full = rope.get(FULL, rope) if isinstance(rope.get(FULL, rope), dict) else {}
+    local = rope.get(SLIDING) or {}
+    theta = cfg.get("rope_theta", full.get("rope_theta", 1_000_000.0))
+    local_theta = cfg.get("rope_local_base_freq", local.get("rope_theta", GEMMA3_LOCAL_ROPE_THETA))
+    sliding = cfg.get("sliding_window")
+    extras = _gemma3_extras(layers, hidden, head_dim, pattern, float(local_theta),
+                            float(cfg.get("query_pre_attn_scalar") or head_dim))  # fmt: skip
+    return ModelSpec(
+        architecture="gemma3",
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(theta),
+        rope_scaling=_hf_rope_scaling(cfg.get("rope_scaling") or full),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        attention_bias=bool(cfg.get("attention_bias", False)),
+        sliding_window=int(sliding) if sliding else None,
+        **extras,
+    )
 
 
 def _hf_architecture(cfg: dict[str, Any]) -> str:
@@ -154,6 +272,8 @@ def _hf_architecture(cfg: dict[str, Any]) -> str:
         if name in _HF_ARCHITECTURES:
             return _HF_ARCHITECTURES[name]
     model_type = cfg.get("model_type")
+    if not names and model_type in _HF_MODEL_TYPES:
+        return _HF_MODEL_TYPES[model_type]
     if not names and model_type in SUPPORTED_ARCHITECTURES:
         return str(model_type)
     raise ValueError(

@@ -13,6 +13,8 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from surge.models.chat_templates import BUILTIN as BUILTIN_TEMPLATES
+from surge.models.chat_templates import TURN_ENDS
 from surge.models.gguf_vocab import tokenizer_from_gguf
 
 
@@ -129,13 +131,19 @@ class Tokenizer:
         if add_bos is None:
             # llama.cpp's default: SentencePiece vocabularies get BOS, byte-level ones do not.
             add_bos = field("ggml.model") == "llama"
+        backend = tokenizer_from_gguf(reader)
+        extra_eos += [backend.token_to_id(t) for t in TURN_ENDS]
+        arch = reader.get_field("general.architecture")
+        template = field("chat_template")
+        if template is None and arch is not None:
+            template = BUILTIN_TEMPLATES.get(str(arch.contents()))
         return cls(
-            tokenizer_from_gguf(reader),
+            backend,
             bos_token_id=None if bos is None else int(bos),
             eos_token_id=None if eos is None else int(eos),
             extra_eos_token_ids=[int(i) for i in extra_eos if i is not None],
             add_bos_token=bool(add_bos),
-            chat_template=field("chat_template"),
+            chat_template=template,
         )
 
     @classmethod

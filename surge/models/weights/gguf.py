@@ -29,6 +29,11 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    # Gemma 3 (llama.cpp stores its norms with Gemma's +1 already added)
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "post_attention_norm.weight": "post_attn_norm.weight",
+    "post_ffw_norm.weight": "post_mlp_norm.weight",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 # Already folded into ModelSpec.rope_scaling, not a model parameter.
@@ -42,7 +47,7 @@ def hf_name(gguf_name: str) -> str:
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_RE.fullmatch(gguf_name)
     if match is None or match.group(2) not in _LAYER_NAMES:
-        raise ValueError(f"unsupported GGUF tensor {gguf_name!r} (not a llama/qwen2 weight)")
+        raise ValueError(f"unsupported GGUF tensor {gguf_name!r} (not a llama/qwen2/gemma3 weight)")
     return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
 
 
