@@ -11,9 +11,10 @@ import logging
 from functools import cache
 from typing import Any
 
-import gguf
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
+
+from surge.models.gguf_file import GGUFSource
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ _DIGIT_NAMES = frozenset(
 _GPT2_NAMES = frozenset({"gpt2", "default", "gpt-2", "olmo", "mpt", "jais", "phi-2", "stablelm2"})
 
 
-def tokenizer_from_gguf(reader: gguf.GGUFReader) -> HFTokenizer:
+def tokenizer_from_gguf(reader: GGUFSource) -> HFTokenizer:
     """Build the backend tokenizer for the vocabulary described by `reader`."""
     kind = _field(reader, "tokenizer.ggml.model")
     tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens") or [])
@@ -178,6 +179,6 @@ def _byte_to_char() -> dict[int, str]:
     return mapping
 
 
-def _field(reader: gguf.GGUFReader, name: str, default: Any = None) -> Any:
+def _field(reader: GGUFSource, name: str, default: Any = None) -> Any:
     field = reader.get_field(name)
     return default if field is None else field.contents()

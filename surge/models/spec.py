@@ -9,6 +9,8 @@ from typing import Any
 import gguf
 import numpy as np
 
+from surge.models.gguf_file import GGUFSource
+
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3")
 ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
 
@@ -139,7 +141,7 @@ class ModelSpec:
         )
 
     @classmethod
-    def from_gguf(cls, reader: gguf.GGUFReader) -> ModelSpec:
+    def from_gguf(cls, reader: GGUFSource) -> ModelSpec:
         """Spec from GGUF metadata ("{arch}.*" keys) and the tensors the file holds."""
         arch = str(_field(reader, "general.architecture"))
         if arch not in ("llama", "qwen2", "gemma3"):
@@ -300,7 +302,7 @@ def _hf_rope_scaling(raw: dict[str, Any]) -> RopeScaling | None:
 
 
 def _gguf_rope_scaling(
-    reader: gguf.GGUFReader, arch: str, rope_freqs: Any, head_dim: int
+    reader: GGUFSource, arch: str, rope_freqs: Any, head_dim: int
 ) -> RopeScaling | None:
     def key(name: str, default: Any = None) -> Any:
         return _field(reader, f"{arch}.rope.scaling.{name}", default)
@@ -325,7 +327,7 @@ def _gguf_rope_scaling(
 
 
 def _llama3_from_rope_freqs(
-    reader: gguf.GGUFReader, arch: str, rope_freqs: Any, head_dim: int
+    reader: GGUFSource, arch: str, rope_freqs: Any, head_dim: int
 ) -> RopeScaling:
     """Llama 3.1 GGUFs store only the per-frequency divisors; match them to llama3 scaling."""
     divisors = np.asarray(gguf.quants.dequantize(rope_freqs.data, rope_freqs.tensor_type))
@@ -364,7 +366,7 @@ def _opt_float(value: Any) -> float | None:
     return float(value) if value is not None else None
 
 
-def _field(reader: gguf.GGUFReader, name: str, default: Any = None) -> Any:
+def _field(reader: GGUFSource, name: str, default: Any = None) -> Any:
     field = reader.get_field(name)
     if field is None:
         return default

@@ -8,13 +8,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import gguf
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from surge.models.chat_templates import BUILTIN as BUILTIN_TEMPLATES
 from surge.models.chat_templates import TURN_ENDS
+from surge.models.gguf_file import GGUFSource
 from surge.models.gguf_vocab import tokenizer_from_gguf
 
 
@@ -120,7 +120,7 @@ class Tokenizer:
             raise ValueError(f"token id {token_id} out of range [0, {self.vocab_size})")
 
     @classmethod
-    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
+    def from_gguf(cls, reader: GGUFSource) -> Tokenizer:
         def field(name: str) -> Any:
             found = reader.get_field(f"tokenizer.{name}")
             return None if found is None else found.contents()

@@ -234,3 +234,25 @@ def test_gguf_rope_scaling(tmp_path: Path) -> None:
     assert llama3.rope_scaling == RopeScaling("llama3", 8.0, 8192, 1.0, 4.0)
     with pytest.raises(ValueError, match="rope_freqs"):
         spec_of(tmp_path / "d.gguf", rope_freqs=divisors[::-1].copy())
+
+
+def test_fast_reader_reads_what_gguf_py_reads(smollm2_gguf_path: Path) -> None:
+    """GGUFFile (metadata parsed with struct) against gguf-py's GGUFReader on the real file:
+    every field's contents, and every tensor's record and bytes."""
+    import numpy as np
+
+    from surge.models.gguf_file import GGUFFile
+
+    ours, ref = GGUFFile(smollm2_gguf_path), gguf.GGUFReader(smollm2_gguf_path)
+    names = {k for k in ref.fields if not k.startswith("GGUF.")}
+    assert set(ours.fields) == names
+    for name in names:
+        field = ours.get_field(name)
+        assert field is not None and field.contents() == ref.get_field(name).contents(), name
+    assert len(ours.tensors) == len(ref.tensors)
+    for a, b in zip(ours.tensors, ref.tensors, strict=True):
+        assert (a.name, a.tensor_type, a.n_bytes, a.data_offset) == (
+            b.name, b.tensor_type, b.n_bytes, b.data_offset,
+        )  # fmt: skip
+        assert a.shape.tolist() == b.shape.tolist() and a.data.dtype == b.data.dtype
+        assert np.array_equal(a.data, b.data)

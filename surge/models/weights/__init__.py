@@ -11,8 +11,7 @@ import torch
 
 # Import the class, not the module: the submodule surge.models.weights.gguf shadows the
 # name `gguf` inside this package's namespace.
-from gguf import GGUFReader
-
+from surge.models.gguf_file import GGUFFile
 from surge.models.spec import ModelSpec
 from surge.models.tokenizer import Tokenizer
 from surge.models.weights.gguf import gguf_weights, layer_block_format
@@ -57,7 +56,7 @@ def open_model(path: str | Path) -> ModelFiles:
 
 
 def _open_gguf(path: Path) -> ModelFiles:
-    reader = GGUFReader(path)  # memory-mapped: tensors are read when weights() runs
+    reader = GGUFFile(path)  # memory-mapped: tensors are read when weights() runs
     spec = ModelSpec.from_gguf(reader)
     return ModelFiles(
         path=path,

@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import torch
 
+from surge.models.gguf_file import GGUFSource
 from surge.models.spec import ModelSpec
 
 _GLOBAL_NAMES = {
@@ -51,7 +52,7 @@ def hf_name(gguf_name: str) -> str:
     return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
 
 
-def gguf_weights(reader: gguf.GGUFReader, spec: ModelSpec) -> Iterator[tuple[str, torch.Tensor]]:
+def gguf_weights(reader: GGUFSource, spec: ModelSpec) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, float32 tensor in HF shape) for every parameter in the file."""
     arch = reader.get_field("general.architecture")
     # llama.cpp's converter interleaves q/k rows for its RoPE on llama models only.
@@ -68,7 +69,7 @@ def gguf_weights(reader: gguf.GGUFReader, spec: ModelSpec) -> Iterator[tuple[str
         yield name, weight
 
 
-def layer_block_format(reader: gguf.GGUFReader) -> str | None:
+def layer_block_format(reader: GGUFSource) -> str | None:
     """The one GGUF type every decoder layer's matrix is stored in ("Q4_1", "F16", ...), or
     None if they differ (norms, 1-D, are not counted)."""
     kinds = {
