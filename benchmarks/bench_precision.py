@@ -15,6 +15,7 @@ what `surge.models.quant.GEMV_MAX_ROWS` is set from.
 
     python benchmarks/bench_precision.py [--configs float32,bfloat16,int8,int8+compile,...]
         [--requests 1,64] [--steps 32] [--accuracy] [--prompts 64 --tokens 64] [--kernels]
+        [--model smollm2-135m|gemma3-270m|PATH]
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Config:
 
     def llm(self, max_num_seqs: int) -> LLM:
         return LLM(
-            "smollm2-135m",
+            MODEL[0],
             dtype=self.dtype,
             quantization=self.quantization,
             compile=self.compile,
@@ -74,6 +75,9 @@ class Config:
             cuda_graphs=self.cuda_graphs,
             max_num_seqs=max_num_seqs,
         )
+
+
+MODEL = ["smollm2-135m"]  # --model
 
 
 def prompt_ids(llm: LLM, n: int, length: int) -> list[list[int]]:
@@ -303,7 +307,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--kernels", action="store_true", help="int8 kernels per shape and rows")
     ap.add_argument("--out", default="results/bench_precision.json")
+    ap.add_argument("--model", default="smollm2-135m", help="e.g. gemma3-270m")
     args = ap.parse_args()
+    MODEL[0] = args.model
     if args.kernels:
         run_kernels([1, 2, 4, 8, 12, 16, 32, 64, 512])
         return

@@ -273,6 +273,13 @@ def test_auto_quantization_runs_a_q4_1_ggufs_own_blocks_where_the_kernel_is(
     assert resolve_quantization(ModelConfig(use_kernels=False), cpu, "Q4_1")[0] == "none"
     cuda = Precision(torch.device("cuda"), torch.bfloat16, "test")
     assert resolve_quantization(auto, cuda, "Q4_1")[0] == "none"
+    # A K-quant GGUF (Gemma 3 270M's Q4_K_M) or Q8_0 blocks: int8 on a CPU, floats on a GPU.
+    assert resolve_quantization(auto, cpu, "mixed") == (
+        "int8", "auto: the layers are stored in mixed K-quants; int8 keeps them on this CPU",
+    )  # fmt: skip
+    assert resolve_quantization(auto, cpu, "Q8_0")[0] == "int8"
+    assert resolve_quantization(auto, cuda, "mixed")[0] == "none"
+    assert resolve_quantization(ModelConfig(use_kernels=False), cpu, "mixed")[0] == "none"
 
 
 @pytest.mark.skipif(

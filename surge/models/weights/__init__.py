@@ -26,7 +26,8 @@ class ModelFiles:
     spec: ModelSpec
     tokenizer: Tokenizer
     _load: Callable[[], Iterator[tuple[str, torch.Tensor]]] = field(repr=False, compare=False)
-    # A GGUF's storage type of every layer matrix ("Q4_1", ...); None for safetensors or mixed.
+    # A GGUF's storage type of every layer matrix ("Q4_1", ...; "mixed" quantized types); None
+    # for safetensors or mixed float types.
     layer_format: str | None = None
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:

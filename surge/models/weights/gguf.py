@@ -70,14 +70,17 @@ def gguf_weights(reader: GGUFSource, spec: ModelSpec) -> Iterator[tuple[str, tor
 
 
 def layer_block_format(reader: GGUFSource) -> str | None:
-    """The one GGUF type every decoder layer's matrix is stored in ("Q4_1", "F16", ...), or
-    None if they differ (norms, 1-D, are not counted)."""
+    """The one GGUF type every decoder layer's matrix is stored in ("Q4_1", "F16", ...);
+    "mixed" when they differ and some are quantized (K-quant files: Q4_K, Q6_K...), None when
+    they are floats of different types (norms, 1-D, are not counted)."""
     kinds = {
         t.tensor_type.name
         for t in reader.tensors
         if t.name.startswith("blk.") and len(t.shape) == 2
     }
-    return kinds.pop() if len(kinds) == 1 else None
+    if len(kinds) == 1:
+        return kinds.pop()
+    return "mixed" if any(k.startswith(("Q", "IQ")) for k in kinds) else None
 
 
 def dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:
