@@ -30,10 +30,10 @@ kernels: install
 	$(BIN)/python -m surge.models.kernels
 
 test: model kernels
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -m "not extra"
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not extra"
 
 lint: install
 	$(BIN)/ruff check surge tests benchmarks

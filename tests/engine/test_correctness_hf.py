@@ -90,15 +90,22 @@ def llm(smollm2_gguf_path: Path) -> LLM:
 
 
 @pytest.fixture(scope="module")
-def hf_greedy(hf_model: torch.nn.Module, prompts: list[list[int]], llm: LLM) -> list[list[int]]:
+def surge_greedy(prompts: list[list[int]], llm: LLM) -> list[list[int]]:
+    """Surge's greedy outputs with the defaults (prefix cache on, one batch)."""
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(
+    hf_model: torch.nn.Module, prompts: list[list[int]], surge_greedy: list[list[int]]
+) -> list[list[int]]:
     """HF's greedy continuation of every prompt, found by teacher forcing: one HF forward over
     prompt + a candidate continuation. Where HF's argmax at every position equals the candidate,
     HF's greedy decoding produces exactly that sequence (by induction over positions); anywhere
     else, HF's own generate() gives the reference. 64 generate() calls per prompt set cost ~2 min
     on 2 cores; this costs seconds and checks every position."""
-    candidates = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]  # type: ignore[arg-type]
     out = []
-    for p, c in zip(prompts, candidates, strict=True):
+    for p, c in zip(prompts, surge_greedy, strict=True):
         with torch.no_grad():
             logits = hf_model(torch.tensor([p + c])).logits[0]  # type: ignore[operator]
         if logits[len(p) - 1 : len(p) - 1 + len(c)].argmax(-1).tolist() == c:
@@ -124,28 +131,30 @@ def test_has_twenty_prompts_of_mixed_lengths(prompts: list[list[int]]) -> None:
     assert len(prompts) >= 20 and lengths[0] < 8 and lengths[-1] > 150
 
 
+def test_greedy_identical_to_transformers_with_the_defaults(
+    surge_greedy: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    """The defaults' run (prefix cache on) is the one hf_greedy checked position by position."""
+    mismatches = [i for i, (a, b) in enumerate(zip(surge_greedy, hf_greedy, strict=True)) if a != b]
+    assert not mismatches, f"prompts {mismatches} differ from transformers"
+
+
 @pytest.mark.parametrize(
     "engine_kwargs",
     [
-        {},
         {"enable_prefix_caching": False},
         {"max_num_batched_tokens": 16},
         {"num_blocks": 48, "enable_prefix_caching": False},
     ],
-    ids=["prefix-cache", "no-prefix-cache", "chunked-16", "preemption"],
+    ids=["no-prefix-cache", "chunked-16", "preemption"],
 )
 def test_greedy_identical_to_transformers(
     smollm2_gguf_path: Path,
-    llm: LLM,
     prompts: list[list[int]],
     hf_greedy: list[list[int]],
     engine_kwargs: dict[str, object],
 ) -> None:
-    engine = (
-        llm
-        if not engine_kwargs
-        else LLM(str(smollm2_gguf_path), dtype="float32", quantization="none", **engine_kwargs)
-    )
+    engine = LLM(str(smollm2_gguf_path), dtype="float32", quantization="none", **engine_kwargs)
     outs = engine.generate(prompts, GREEDY, use_tqdm=False)  # type: ignore[arg-type]
     got = [o.outputs[0].token_ids for o in outs]
     mismatches = [i for i, (a, b) in enumerate(zip(got, hf_greedy, strict=True)) if a != b]

@@ -1,7 +1,7 @@
 """Gemma 3 (the second architecture): a tiny random Gemma3ForCausalLM from transformers, saved as
 an HF folder, must generate the same greedy tokens in Surge as in transformers, with prompts and
 outputs longer than its sliding window, through chunked prefill and the prefix cache; and the
-real Gemma 3 270M GGUF likewise (slow)."""
+real Gemma 3 270M GGUF likewise (opt-in: pytest -m extra)."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_tiny_gemma3_matches_transformers(tiny_gemma3: Path) -> None:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     # One batch; then chunked prefill (6 tokens a step) with a prefix-cache hit on a repeat.
     for kwargs in ({}, {"max_num_batched_tokens": 6, "block_size": 4}):
-        llm = LLM(model=str(tiny_gemma3), dtype="float32", **kwargs)  # type: ignore[arg-type]
+        llm = LLM(model=str(tiny_gemma3), dtype="float32", kv_cache_memory_gib=0.05, **kwargs)  # type: ignore[arg-type]
         outs = llm.generate([*prompts, prompts[2]], params)
         got = [list(o.outputs[0].token_ids) for o in outs]
         assert got[:3] == expected, kwargs
@@ -73,6 +73,7 @@ def test_tiny_gemma3_matches_transformers(tiny_gemma3: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extra  # ~65 s and a 240 MB download: `pytest -m extra tests/models/test_gemma3.py`
 def test_real_gemma3_270m_gguf_matches_transformers() -> None:
     """Google's Gemma 3 270M (Q4_K_M GGUF, fetched as the gemma3-270m alias): the same greedy
     tokens as transformers reading the same file."""
