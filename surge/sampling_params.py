@@ -109,6 +109,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed_token_ids: tuple[int, ...] | None = None  # only these may be generated (vLLM)
     bad_words: tuple[str, ...] = ()  # words never generated (vLLM): their last token is banned
+    # Log-probability of each prompt token given those before it (and this many alternatives),
+    # as vLLM's prompt_logprobs; None: none. Such a prompt is computed, not read from the cache.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if _check_int("n", self.n) < 1:
@@ -142,6 +145,10 @@ class SamplingParams:
             logprobs = _check_int("logprobs", self.logprobs)
             if not 0 <= logprobs <= MAX_LOGPROBS:
                 raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}] or None, got {logprobs}")
+        if self.prompt_logprobs is not None:
+            k = _check_int("prompt_logprobs", self.prompt_logprobs)
+            if not 0 <= k <= MAX_LOGPROBS:
+                raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}] or None, got {k}")
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from surge.engine.request import TokenLogprob
 from surge.engine.sampler import SamplingRow
 
 
@@ -20,6 +21,11 @@ class ScheduledRequest:
     # are sampled with `sampling` for i = 0, with draft_sampling[i - 1] after.
     draft: tuple[int, ...] = ()
     draft_sampling: tuple[SamplingRow, ...] = ()
+    # Prompt logprobs: the logits at token_ids[prompt_rows_start + i] score prompt_targets[i]
+    # (the next prompt token), with prompt_top alternatives.
+    prompt_rows_start: int = 0
+    prompt_targets: tuple[int, ...] = ()
+    prompt_top: int = 0
 
     @property
     def is_decode(self) -> bool:
@@ -49,3 +55,5 @@ class SampledTokens:
     tokens: dict[str, SampledToken]  # req_id -> token, for the requests that sampled
     # req_id -> the tokens sampled after each draft token (speculative decoding)
     drafts: dict[str, list[SampledToken]] = field(default_factory=dict)
+    # req_id -> logprobs of the prompt tokens this step scored, in order
+    prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)

@@ -204,6 +204,11 @@ class EngineCore:
                     num_cached_tokens=max(req.num_cached_tokens, 0),
                     num_preemptions=req.num_preemptions,
                     queue_time_s=(req.first_scheduled_s or now) - req.arrival_s if first else 0.0,
+                    prompt_logprobs=(
+                        req.prompt_logprobs
+                        if first and req.params.prompt_logprobs is not None
+                        else None
+                    ),
                 )
             )
         return outputs

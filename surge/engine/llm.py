@@ -42,6 +42,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_tokens: int = 0
     finished: bool = False
+    # params.prompt_logprobs: None for the first prompt token, then each one's (vLLM's shape)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 Prompt = str | list[int]
@@ -114,6 +116,8 @@ class LLM:
                 res = results[rd.req_id]
                 res.num_cached_tokens = rd.num_cached_tokens
                 for d in rd.deltas:
+                    if d.prompt_logprobs is not None and res.prompt_logprobs is None:
+                        res.prompt_logprobs = [None, *d.prompt_logprobs]
                     out = res.outputs[d.index]
                     out.text += d.text
                     out.token_ids.extend(d.token_ids)

@@ -13,6 +13,8 @@ from torch import Tensor
 
 from surge.engine.batch import SampledToken, SampledTokens, ScheduledRequest, SchedulerOutput
 from surge.engine.cuda_graphs import DecodeGraphs
+from surge.engine.prompt_logprobs import score_prompts
+from surge.engine.request import TokenLogprob
 from surge.engine.sampler import Sampler, SamplingRow
 from surge.models.attention import AttnMetadata, PrefillChunk
 from surge.models.kernels import load_int8_linear, load_paged_decode
@@ -104,16 +106,25 @@ class ModelRunner:
             return SampledTokens({})
         lora = self.lora_batch is not None and any(r.lora_slot >= 0 for r in batch.requests)
         fused = self._fused_step(batch)
-        if lora and not (fused and self.fused is not None and self.fused.has_lora):
+        scored: list[ScheduledRequest] = []
+        prompt_logprobs: dict[str, list[TokenLogprob]] = {}
+        scoring = any(r.prompt_targets for r in batch.requests)
+        if scoring or (lora and not (fused and self.fused is not None and self.fused.has_lora)):
             # Adapters in the step: eagerly through the LoRA wrappers (CUDA graphs and
-            # compiled steps hold the base layers only).
-            assert self.lora_batch is not None
-            input_ids, positions, attn, sample_reqs = self.prepare(batch)
-            self.lora_batch.set_rows(self._row_slots(batch), self.device)
+            # compiled steps hold the base layers only). Prompt logprobs: eagerly, with a row
+            # of logits for every prompt position scored.
+            input_ids, positions, attn, sample_reqs = self.prepare(batch, scored=scored)
+            if lora:
+                assert self.lora_batch is not None
+                self.lora_batch.set_rows(self._row_slots(batch), self.device)
             try:
                 logits = self.model(input_ids, positions, attn)
             finally:
-                self.lora_batch.clear()
+                if lora:
+                    assert self.lora_batch is not None
+                    self.lora_batch.clear()
+            prompt_logprobs = score_prompts(logits[len(sample_reqs) :], scored)
+            logits = logits[: len(sample_reqs)]
         elif fused:
             assert self.fused is not None
             input_ids, positions, attn, sample_reqs = self.prepare(batch, chunks_as_rows=True)
@@ -146,7 +157,7 @@ class ModelRunner:
                 drafts.setdefault(sreq.req_id, []).append(tok)
             else:
                 tokens[sreq.req_id] = tok
-        return SampledTokens(tokens, drafts)
+        return SampledTokens(tokens, drafts, prompt_logprobs)
 
     @torch.inference_mode()
     def warm_up(self) -> float:
@@ -263,6 +274,7 @@ class ModelRunner:
         pad_to: int | None = None,
         bias: bool = True,
         chunks_as_rows: bool = False,
+        scored: list[ScheduledRequest] | None = None,
     ) -> tuple[Tensor, Tensor, AttnMetadata, list[ScheduledRequest]]:
         """Step tensors; `pad_to` (pure-decode steps only) appends dummy decodes up to that many
         rows, writing to the scratch slot and sampled as rows past the real ones, and makes
@@ -270,7 +282,8 @@ class ModelRunner:
         from the lengths). `chunks_as_rows`: each token of a prefill chunk is described as a
         decode of its own (its request's table, its position + 1 as the length), for a caller
         that writes every row's K/V before any row attends (the fused stack): causal attention
-        over the cache, row by row."""
+        over the cache, row by row. `scored`: a list to fill with the request of each row scored
+        for prompt logprobs, whose logits follow the sampled rows'."""
         bs = self.block_size
         # Decodes first, then prefill chunks: decodes attend in one batched call.
         decodes = [r for r in batch.requests if r.is_decode]
@@ -280,12 +293,16 @@ class ModelRunner:
         slots: list[int] = []
         logits_indices: list[int] = []
         sample_reqs: list[ScheduledRequest] = []
+        score_rows: list[int] = []
 
         for r in decodes:
             pos = r.start_pos
             input_ids.append(r.token_ids[0])
             positions.append(pos)
             slots.append(r.block_table[pos // bs] * bs + pos % bs)
+            if scored is not None and r.prompt_targets:  # a one-token chunk mid-prompt
+                score_rows.append(len(input_ids) - 1)
+                scored.append(r)
             if r.sampling is not None:
                 logits_indices.append(len(input_ids) - 1)
                 sample_reqs.append(r)
@@ -297,6 +314,10 @@ class ModelRunner:
             start = len(input_ids)
             n = len(r.token_ids)
             input_ids.extend(r.token_ids)
+            if scored is not None and r.prompt_targets:
+                first = start + r.prompt_rows_start
+                score_rows.extend(range(first, first + len(r.prompt_targets)))
+                scored.extend([r] * len(r.prompt_targets))
             pos_range = range(r.start_pos, r.start_pos + n)
             positions.extend(pos_range)
             table = r.block_table
@@ -323,6 +344,7 @@ class ModelRunner:
                     sample_reqs.append(r)
 
         dev = self.device
+        logits_indices += score_rows  # after the sampled rows
         if pad_to is not None:
             assert not prefills and pad_to >= len(decodes)
             for _ in range(pad_to - len(decodes)):

@@ -26,6 +26,7 @@ class SequenceDelta:
     logprobs: list[TokenLogprob] | None
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or stop token that ended it
+    prompt_logprobs: list[TokenLogprob] | None = None  # with a sequence's first delta
 
 
 @dataclass(slots=True)
@@ -193,7 +194,9 @@ class OutputProcessor:
             text = text[: len(text) - keep]
         else:
             seq.held = ""
-        return SequenceDelta(seq.index, text, tokens, logprobs, finish, stop_reason)
+        return SequenceDelta(
+            seq.index, text, tokens, logprobs, finish, stop_reason, out.prompt_logprobs
+        )
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:

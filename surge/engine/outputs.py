@@ -36,6 +36,8 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     queue_time_s: float = 0.0  # arrival to first scheduled
+    # With the first tokens, when params.prompt_logprobs: prompt tokens 1.. (token 0 has none)
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ class FinishReason(enum.StrEnum):
 class TokenLogprob:
     logprob: float
     top: tuple[tuple[int, float], ...]  # (token_id, logprob), best first
+    rank: int = 0  # of the token in its distribution, 1 = the likeliest (0: not computed)
 
 
 class Request:
@@ -75,6 +76,8 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
+        # params.prompt_logprobs: those of prompt tokens 1.. (token 0 has none), as computed
+        self.prompt_logprobs: list[TokenLogprob] = []
         self.block_hashes: list[bytes] = []
         extend_block_hashes(self.block_hashes, self.all_token_ids, block_size, cache_salt)
         self.num_computed_tokens = 0
@@ -96,6 +99,14 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked for and not all computed: its prompt must run, not be cached."""
+        return (
+            self.params.prompt_logprobs is not None
+            and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
+        )
 
     @property
     def is_finished(self) -> bool:

@@ -135,7 +135,7 @@ class Scheduler:
                 continue  # let the sibling fill the shared prompt blocks first
             self._fork_from_sibling(req)
             cached = 0
-            if not self.blocks.has(req.req_id):
+            if not self.blocks.has(req.req_id) and not req.wants_prompt_logprobs:
                 cached = self.blocks.lookup_prefix(req.all_token_ids, req.block_hashes)
                 req.num_computed_tokens = cached
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
@@ -201,6 +201,8 @@ class Scheduler:
         sibling = self.requests.get(req.share_prompt_with or "")
         if sibling is None or self.blocks.enable_prefix_caching or self.blocks.has(req.req_id):
             return
+        if req.wants_prompt_logprobs:
+            return
         if not self.blocks.has(sibling.req_id):
             return
         # Keep at least one prompt token to compute: its logits give the first sample.
@@ -243,8 +245,16 @@ class Scheduler:
                 )
                 for i in range(len(draft))
             )
+        # Prompt logprobs: position p's logits score prompt token p + 1, for the positions of
+        # this chunk not scored yet (a recompute after preemption scores nothing twice).
+        first = max(start, len(req.prompt_logprobs)) if req.wants_prompt_logprobs else end
+        last = min(end, req.num_prompt_tokens - 1)
+        targets = tuple(req.prompt_token_ids[first + 1 : last + 1]) if first < last else ()
         return ScheduledRequest(
             req_id=req.req_id,
+            prompt_rows_start=first - start if targets else 0,
+            prompt_targets=targets,
+            prompt_top=req.params.prompt_logprobs or 0,
             token_ids=tuple(req.all_token_ids[start:end]) + tuple(draft),
             start_pos=start,
             block_table=tuple(self.blocks.block_table(req.req_id)),
@@ -277,6 +287,7 @@ class Scheduler:
                 self.spec_num_drafts += 1
                 self.spec_draft_tokens += len(draft)
                 self.spec_accepted_tokens += accepted
+            req.prompt_logprobs += sampled.prompt_logprobs.get(sreq.req_id, ())
             computed = sreq.start_pos + len(sreq.token_ids) - len(draft) + accepted
             req.num_new_tokens = 0
             for t in new[: accepted + 1]:

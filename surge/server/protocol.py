@@ -158,6 +158,7 @@ class _SamplingRequest(_Model):
     cache_salt: StrictStr | None = None
     allowed_token_ids: list[StrictInt] | None = None
     bad_words: list[StrictStr] | None = None
+    prompt_logprobs: StrictInt | None = None
     # Structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* fields
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
@@ -203,9 +204,16 @@ class _SamplingRequest(_Model):
         logprobs: int | None,
         renames: Mapping[str, str],
         structured: StructuredOutput | None,
+        prompt_logprobs: int | None = None,
     ) -> SamplingParams:
         if not 1 <= self.n <= MAX_N:
             raise BadRequestError(f"n must be between 1 and {MAX_N}, got {self.n}", param="n")
+        if self.stream and prompt_logprobs is not None:
+            raise BadRequestError(
+                "prompt logprobs (prompt_logprobs, or echo with logprobs) come with a whole "
+                "answer: send stream false",
+                param="prompt_logprobs" if self.prompt_logprobs is not None else "echo",
+            )
         try:
             return SamplingParams(
                 n=self.n,
@@ -233,6 +241,7 @@ class _SamplingRequest(_Model):
                     None if self.allowed_token_ids is None else tuple(self.allowed_token_ids)
                 ),
                 bad_words=tuple(self.bad_words or ()),
+                prompt_logprobs=prompt_logprobs,
             )
         except ValueError as exc:
             raise _sampling_error(str(exc), renames) from exc
@@ -300,8 +309,12 @@ class CompletionRequest(_SamplingRequest):
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """Engine settings; raises BadRequestError(param=...) for any out-of-range value."""
         max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
+        prompt_logprobs = self.prompt_logprobs
+        if self.echo and self.logprobs is not None:  # OpenAI's echo scores the prompt too
+            prompt_logprobs = max(prompt_logprobs or 0, self.logprobs)
         return self._sampling_params(max_tokens=max_tokens, logprobs=self.logprobs, renames={},
-                                     structured=self.structured_output())  # fmt: skip
+                                     structured=self.structured_output(),
+                                     prompt_logprobs=prompt_logprobs)  # fmt: skip
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -370,8 +383,9 @@ class ChatCompletionRequest(_SamplingRequest):
             max_tokens = default_max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(
-            max_tokens=max_tokens, logprobs=logprobs, renames=renames, structured=structured
-        )
+            max_tokens=max_tokens, logprobs=logprobs, renames=renames, structured=structured,
+            prompt_logprobs=self.prompt_logprobs,
+        )  # fmt: skip
 
 
 def check_context_length(

@@ -98,11 +98,21 @@ class CompletionLogProbs(_Model):
     text_offset: list[int] = Field(default_factory=list)
 
 
+# vLLM's prompt_logprobs: per prompt token (None for the first), {token id: its logprob, rank
+# and text} for the token itself and the top alternatives.
+PromptLogprobs = list[dict[str, dict[str, Any]] | None]
+
+
 class CompletionChoice(_Model):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"; null while streaming
+    prompt_logprobs: PromptLogprobs | None = None  # only when asked for
+
+    @model_serializer(mode="wrap")
+    def _omit_no_prompt_logprobs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self), "prompt_logprobs")
 
 
 class CompletionResponse(_Model):
@@ -164,6 +174,17 @@ class ChatCompletionResponse(_Model):
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None  # only when asked for (vLLM)
+
+    @model_serializer(mode="wrap")
+    def _omit_no_prompt_logprobs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self), "prompt_logprobs")
+
+
+def _without_none(out: dict[str, Any], key: str) -> dict[str, Any]:
+    if out.get(key) is None:
+        out.pop(key, None)
+    return out
 
 
 class DeltaMessage(_Model):

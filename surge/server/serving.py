@@ -21,6 +21,7 @@ from starlette.responses import StreamingResponse
 
 from surge.engine.client import EngineDeadError, EngineRequestError, RequestAbortedError
 from surge.engine.output_processor import SequenceDelta
+from surge.engine.request import TokenLogprob
 from surge.observability import tracing
 from surge.sampling_params import SamplingParams
 from surge.server.admission import Admission
@@ -48,6 +49,7 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[tuple[int, float, tuple[tuple[int, float], ...]]] = field(default_factory=list)
     finish_reason: str | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None  # prompt tokens 1.., when asked for
 
 
 @dataclass(slots=True)
@@ -93,6 +95,8 @@ class Job:
                 c.logprobs.extend(delta_triples(d))
             if d.finish_reason is not None:
                 c.finish_reason = d.finish_reason
+            if d.prompt_logprobs is not None:
+                c.prompt_logprobs = d.prompt_logprobs
             out.append((i, d))
         return out
 

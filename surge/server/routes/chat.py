@@ -19,7 +19,7 @@ from surge.server.protocol_responses import (
     DeltaMessage,
     new_chat_completion_id,
 )
-from surge.server.routes.logprobs import chat_logprobs
+from surge.server.routes.logprobs import chat_logprobs, prompt_logprobs_field
 from surge.server.serving import (
     Job,
     delta_triples,
@@ -95,7 +95,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                 index=i, message=message, logprobs=logprobs, finish_reason=finish_reason
             )
         )
-    resp = ChatCompletionResponse(model=model, choices=choices, usage=job.usage())
+    scores = job.choices[0].prompt_logprobs if body.prompt_logprobs is not None else None
+    resp = ChatCompletionResponse(
+        model=model, choices=choices, usage=job.usage(),
+        prompt_logprobs=None if scores is None else prompt_logprobs_field(tok, prompt, scores),
+    )  # fmt: skip
     return JSONResponse(resp.model_dump(mode="json"))
 
 

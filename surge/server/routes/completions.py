@@ -14,7 +14,11 @@ from surge.server.protocol_responses import (
     CompletionStreamResponse,
     new_completion_id,
 )
-from surge.server.routes.logprobs import completion_logprobs
+from surge.server.routes.logprobs import (
+    completion_logprobs,
+    prompt_logprobs_field,
+    prompt_triples,
+)
 from surge.server.serving import (
     Job,
     delta_triples,
@@ -57,12 +61,20 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         return Response(status_code=499)
     choices = []
     for i, c in enumerate(job.choices):
-        prefix = echo[i // params.n]
+        prefix, prompt = echo[i // params.n], prompts[i // params.n]
         logprobs = None
-        if params.logprobs is not None:
+        if params.logprobs is not None and body.echo and c.prompt_logprobs is not None:
+            # The echoed prompt's tokens first, scored (OpenAI's shape: null for the first).
+            triples = [*prompt_triples(prompt, c.prompt_logprobs), *c.logprobs]
+            logprobs = completion_logprobs(tok, triples)
+        elif params.logprobs is not None:
             logprobs = completion_logprobs(tok, c.logprobs, len(prefix))
+        scores = None
+        if body.prompt_logprobs is not None and c.prompt_logprobs is not None:
+            scores = prompt_logprobs_field(tok, prompt, c.prompt_logprobs)
         choices.append(CompletionChoice(index=i, text=prefix + c.text, logprobs=logprobs,
-                                        finish_reason=c.finish_reason))  # fmt: skip
+                                        finish_reason=c.finish_reason,
+                                        prompt_logprobs=scores))  # fmt: skip
     resp = CompletionResponse(
         model=model,
         choices=choices,

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from surge.engine.request import TokenLogprob
 from surge.models.tokenizer import Tokenizer
 from surge.server.protocol_responses import (
     ChatChoiceLogProbs,
     ChatLogProb,
     ChatLogProbsContent,
     CompletionLogProbs,
+    PromptLogprobs,
 )
 
 Triple = tuple[int, float, tuple[tuple[int, float], ...]]
+# A completion's logprobs with echo: the first prompt token has neither logprob nor alternatives.
+EchoTriple = tuple[int, float | None, tuple[tuple[int, float], ...] | None]
 
 
 def token_text(tok: Tokenizer, token_id: int) -> str:
@@ -20,7 +24,7 @@ def token_text(tok: Tokenizer, token_id: int) -> str:
 
 
 def completion_logprobs(
-    tok: Tokenizer, triples: Sequence[Triple], text_offset: int = 0
+    tok: Tokenizer, triples: Sequence[EchoTriple], text_offset: int = 0
 ) -> CompletionLogProbs:
     out = CompletionLogProbs()
     offset = text_offset
@@ -28,9 +32,34 @@ def completion_logprobs(
         text = token_text(tok, token_id)
         out.tokens.append(text)
         out.token_logprobs.append(logprob)
-        out.top_logprobs.append({token_text(tok, t): lp for t, lp in top})
+        out.top_logprobs.append(None if top is None else {token_text(tok, t): lp for t, lp in top})
         out.text_offset.append(offset)
         offset += len(text)
+    return out
+
+
+def prompt_triples(prompt: Sequence[int], scores: Sequence[TokenLogprob]) -> list[EchoTriple]:
+    """The prompt as (token, logprob, top) for an echo with logprobs: the first token has
+    none (OpenAI's null), each later one its score given the tokens before it."""
+    first: list[EchoTriple] = [(prompt[0], None, None)] if prompt else []
+    return first + [(t, s.logprob, s.top) for t, s in zip(prompt[1:], scores, strict=True)]
+
+
+def prompt_logprobs_field(
+    tok: Tokenizer, prompt: Sequence[int], scores: Sequence[TokenLogprob]
+) -> PromptLogprobs:
+    """vLLM's `prompt_logprobs`: None for the first token, then {token id: {logprob, rank,
+    decoded_token}} for the token itself and its top alternatives."""
+    out: PromptLogprobs = [None]
+    for token_id, s in zip(prompt[1:], scores, strict=True):
+        entry = {
+            str(t): {"logprob": lp, "rank": rank, "decoded_token": token_text(tok, t)}
+            for rank, (t, lp) in enumerate(s.top, start=1)
+        }
+        entry[str(token_id)] = {
+            "logprob": s.logprob, "rank": s.rank, "decoded_token": token_text(tok, token_id),
+        }  # fmt: skip
+        out.append(entry)
     return out
 
 
