@@ -53,7 +53,7 @@ from surge.observability.tracing import Tracing, extract
 
 log = logging.getLogger(__name__)
 
-GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 
 
 @dataclass
@@ -118,6 +118,10 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
         return await _proxy(state, request, "/v1/chat/completions", generation=True)
+
+    @app.post("/v1/responses", response_model=None)
+    async def responses(request: Request) -> Response:
+        return await _proxy(state, request, "/v1/responses", generation=True)
 
     @app.get("/health")
     async def health() -> JSONResponse:

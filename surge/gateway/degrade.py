@@ -63,6 +63,11 @@ def decide(
 def cap_max_tokens(body: dict[str, Any], cap: int) -> dict[str, Any]:
     """A copy of the body asking for at most `cap` tokens (both OpenAI spellings)."""
     out = dict(body)
+    if "input" in body:  # the Responses API has one spelling
+        value = out.get("max_output_tokens")
+        if not (isinstance(value, int) and not isinstance(value, bool) and value <= cap):
+            out["max_output_tokens"] = cap
+        return out
     for name in ("max_tokens", "max_completion_tokens"):
         value = out.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value <= cap:

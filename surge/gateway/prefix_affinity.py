@@ -29,6 +29,17 @@ def render_for_routing(body: Mapping[str, Any]) -> str:
             if isinstance(m, Mapping):
                 parts.append(f"<{m.get('role', '')}>\n{_content_text(m.get('content'))}\n")
         return "".join(parts)
+    if "input" in body:  # the Responses API: instructions, then the input (text or items)
+        items = body["input"]
+        if isinstance(items, str):
+            items = [{"role": "user", "content": items}]
+        head = body.get("instructions")
+        parts = [f"<system>\n{head}\n"] if isinstance(head, str) else []
+        for m in items if isinstance(items, list) else []:
+            if isinstance(m, Mapping):
+                text = _content_text(m.get("content", m.get("output", m.get("arguments"))))
+                parts.append(f"<{m.get('role', m.get('type', ''))}>\n{text}\n")
+        return "".join(parts)
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return prompt

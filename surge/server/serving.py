@@ -268,8 +268,10 @@ def stream_response(
     render: Callable[[list[tuple[int, SequenceDelta]]], list[str]],
     first: list[str],
     last: Callable[[], list[str]],
+    done: bool = True,
 ) -> StreamingResponse:
-    """SSE: `first` chunks, then `render(deltas)` per event, then `last()`, then [DONE]."""
+    """SSE: `first` chunks, then `render(deltas)` per event, then `last()`, then [DONE] (not in
+    the Responses API's streams: `done` false)."""
 
     async def body() -> AsyncIterator[str]:
         events = job.events()
@@ -294,6 +296,7 @@ def stream_response(
         finally:
             await events.aclose()  # type: ignore[attr-defined]
             job.finish()
-        yield SSE_DONE
+        if done:
+            yield SSE_DONE
 
     return StreamingResponse(body(), media_type="text/event-stream")

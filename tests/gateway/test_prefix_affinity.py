@@ -50,6 +50,11 @@ def test_render_covers_every_message_not_only_the_system_prompt() -> None:
     assert render_for_routing({"prompt": ["first", "second"]}) == "first"
     assert render_for_routing({"prompt": [1, 2, 3]}) == "1 2 3"
     assert render_for_routing({"no": "prompt"}) == ""
+    # The Responses API: the same conversation renders alike as input text or as items.
+    text = render_for_routing({"instructions": SYSTEM, "input": "a"})
+    assert text == render_for_routing({"instructions": SYSTEM,
+                                       "input": [{"role": "user", "content": "a"}]})  # fmt: skip
+    assert text == render_for_routing(one)
 
 
 def test_route_key_session_from_header_else_user() -> None:

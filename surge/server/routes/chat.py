@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -54,25 +55,53 @@ def render_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-@router.post("/v1/chat/completions", response_model=None)
-async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    state = get_state(request)
+@dataclass(frozen=True, slots=True)
+class ChatJob:
+    """An admitted chat request, and how its text is read back (tool calls)."""
+
+    job: Job
+    prompt: list[int]
+    plan: ToolPlan | None  # tool_choice "required" or a named function: a constraint
+    parser: ToolParser | None  # tool_choice "auto" with a parser: calls read from the text
+
+    def answer(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        reader = self.plan or self.parser
+        return (text, []) if reader is None else reader.answer(text)
+
+
+def start_chat(
+    state: ServerState, body: ChatCompletionRequest, request: Request, param: str = "messages"
+) -> ChatJob:
+    """Render, check and admit a chat request (also what /v1/responses runs)."""
     lora_name = state.check_model(body.model)
     prompt = render_prompt(state, body)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
-    check_context_length(len(prompt), max_tokens, state.max_model_len, param="messages")
+    check_context_length(len(prompt), max_tokens, state.max_model_len, param=param)
     room = state.max_model_len - len(prompt)
     default = room if state.config.default_max_tokens is None else state.config.default_max_tokens
     plan = body.tool_plan(auto_tools=state.tool_parser is not None)
     params = body.to_sampling_params(default_max_tokens=min(default, room), plan=plan)
-    parser = _auto_parser(state, body)
     job = start_job(
         state, request, [prompt], params, request_id=body.request_id, user=body.user,
         priority=body.priority if "priority" in body.model_fields_set else None,
         cache_salt=body.cache_salt, operation="chat", lora_name=lora_name,
     )  # fmt: skip
+    return ChatJob(job, prompt, plan, _auto_parser(state, body))
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    state = get_state(request)
+    chat = start_chat(state, body, request)
+    job, prompt, plan, parser, params = (
+        chat.job,
+        chat.prompt,
+        chat.plan,
+        chat.parser,
+        chat.job.params,
+    )
     model = body.model or state.config.served_model_name
     if body.stream:
         return _stream(job, body, model, plan, parser)
@@ -83,9 +112,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     for i, c in enumerate(job.choices):
         logprobs = chat_logprobs(tok, c.logprobs) if params.logprobs is not None else None
         message, finish_reason = ChatResponseMessage(content=c.text), c.finish_reason
-        reader = plan or parser
-        if reader is not None:
-            content, calls = reader.answer(c.text)
+        if plan is not None or parser is not None:
+            content, calls = chat.answer(c.text)
             if calls:
                 tool_calls = [t.to_openai() for t in calls]
                 message = ChatResponseMessage(content=content, tool_calls=tool_calls)

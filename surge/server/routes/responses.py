@@ -1,0 +1,203 @@
+"""POST /v1/responses: OpenAI's Responses API over the chat path, whole or as its typed events
+(response.created ... response.output_text.delta ... response.completed; no [DONE])."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from surge.engine.output_processor import SequenceDelta
+from surge.server.errors import BadRequestError
+from surge.server.openai_responses import (
+    ResponsesRequest,
+    call_item,
+    message_item,
+    new_id,
+    output_items,
+    response_body,
+    unix_now,
+    usage_body,
+)
+from surge.server.protocol import ChatCompletionRequest
+from surge.server.routes.chat import ChatJob, start_chat
+from surge.server.serving import Job, run_to_completion, stream_response
+from surge.server.state import get_state
+from surge.server.tool_parsers import ToolCallStream
+from surge.server.tools import ToolCall
+
+router = APIRouter()
+
+
+@router.post("/v1/responses", response_model=None)
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    state = get_state(request)
+    try:
+        chat_body = ChatCompletionRequest.model_validate(body.chat_fields())
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise BadRequestError(f"{where}: {err['msg']}", param="input") from None
+    chat = start_chat(state, chat_body, request, param="input")
+    model = body.model or state.config.served_model_name
+    rid, created = new_id("resp"), unix_now()
+    if body.stream:
+        return _ResponseStream(chat, body, model, rid, created).response()
+    if not await run_to_completion(chat.job, request):
+        return Response(status_code=499)
+    choice = chat.job.choices[0]
+    content, calls = chat.answer(choice.text)
+    status = "incomplete" if choice.finish_reason == "length" else "completed"
+    out = response_body(body, model, rid, created, status, output_items(content, calls),
+                        _usage(chat.job))  # fmt: skip
+    return JSONResponse(out)
+
+
+def _usage(job: Job) -> dict[str, Any]:
+    return usage_body(job.num_prompt_tokens, job.num_completion_tokens,
+                      job.timing.num_cached_tokens)  # fmt: skip
+
+
+class _ResponseStream:
+    """The events of one streamed response: a message item while text comes, a function_call
+    item per call (arguments in pieces when the parser reads them as they are written)."""
+
+    def __init__(
+        self, chat: ChatJob, body: ResponsesRequest, model: str, rid: str, created: int
+    ) -> None:
+        self.chat, self.body, self.model, self.rid, self.created = chat, body, model, rid, created
+        self.calls = ToolCallStream(chat.parser) if chat.parser is not None else None
+        self.seq = 0
+        self.items: list[dict[str, Any]] = []  # output items, completed or open
+        self.text: str | None = None  # the open message's text (None: no message open)
+        self.open_calls: dict[int, int] = {}  # a call's index -> its output index
+        self.status = "completed"
+
+    def response(self) -> Response:
+        job = self.chat.job
+        first = [
+            self._event("response.created", response=self._body("in_progress", None)),
+            self._event("response.in_progress", response=self._body("in_progress", None)),
+        ]
+        return stream_response(job, self._render, first, self._last, done=False)
+
+    def _render(self, deltas: list[tuple[int, SequenceDelta]]) -> list[str]:
+        out: list[str] = []
+        for _, d in deltas:
+            final = d.finish_reason is not None
+            if self.chat.plan is not None:  # a forced call: whole at the end
+                if final:
+                    content, calls = self.chat.answer(self.chat.job.choices[0].text)
+                    out += self._text(content or "") if content else []
+                    out += self._whole_calls(calls)
+            elif self.calls is not None:
+                content, pieces = self.calls.update(self.chat.job.choices[0].text, final)
+                out += self._text(content) if content else []
+                for piece in pieces:
+                    out += self._call_piece(piece)
+            elif d.text:
+                out += self._text(d.text)
+            if final:
+                self.status = "incomplete" if d.finish_reason == "length" else "completed"
+                out += self._close_message() + self._close_calls()
+        return out
+
+    def _last(self) -> list[str]:
+        if not self.items:  # nothing written: an empty message, as a whole answer has
+            self.items.append(message_item(new_id("msg"), ""))
+        done = self._body(self.status, _usage(self.chat.job))
+        return [self._event(f"response.{self.status}", response=done)]
+
+    # -- items ------------------------------------------------------------------------------
+
+    def _text(self, delta: str) -> list[str]:
+        out = []
+        if self.text is None:
+            item = message_item(new_id("msg"), "", status="in_progress")
+            self.items.append(item)
+            self.text = ""
+            part = {"type": "output_text", "text": "", "annotations": []}
+            out += [
+                self._event("response.output_item.added", output_index=self._index, item=item),
+                self._event("response.content_part.added", item_id=item["id"],
+                            output_index=self._index, content_index=0, part=part),
+            ]  # fmt: skip
+        self.text += delta
+        out.append(self._event("response.output_text.delta", item_id=self.items[-1]["id"],
+                               output_index=self._index, content_index=0, delta=delta,
+                               logprobs=[]))  # fmt: skip
+        return out
+
+    def _close_message(self) -> list[str]:
+        if self.text is None:
+            return []
+        index = next(i for i, it in enumerate(self.items) if it["type"] == "message"
+                     and it["status"] == "in_progress")  # fmt: skip
+        item = message_item(self.items[index]["id"], self.text)
+        self.items[index] = item
+        part = item["content"][0]
+        self.text = None
+        common = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return [
+            self._event("response.output_text.done", **common, text=part["text"], logprobs=[]),
+            self._event("response.content_part.done", **common, part=part),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def _call_piece(self, piece: dict[str, Any]) -> list[str]:
+        out: list[str] = []
+        function = piece["function"]
+        if "id" in piece:  # a new call: the text before it is over
+            out += self._close_message()
+            call = ToolCall(function["name"], "", piece["id"])
+            self.items.append(call_item(new_id("fc"), call, status="in_progress"))
+            self.open_calls[piece["index"]] = len(self.items) - 1
+            out.append(self._event("response.output_item.added", output_index=self._index,
+                                   item=self.items[-1]))  # fmt: skip
+        index = self.open_calls[piece["index"]]
+        if function.get("arguments"):
+            self.items[index]["arguments"] += function["arguments"]
+            out.append(self._event("response.function_call_arguments.delta",
+                                   item_id=self.items[index]["id"], output_index=index,
+                                   delta=function["arguments"]))  # fmt: skip
+        return out
+
+    def _close_calls(self) -> list[str]:
+        out = []
+        for index in self.open_calls.values():
+            item = self.items[index] = {**self.items[index], "status": "completed"}
+            out += [
+                self._event("response.function_call_arguments.done", item_id=item["id"],
+                            output_index=index, arguments=item["arguments"]),
+                self._event("response.output_item.done", output_index=index, item=item),
+            ]  # fmt: skip
+        self.open_calls = {}
+        return out
+
+    def _whole_calls(self, calls: list[ToolCall]) -> list[str]:
+        out = self._close_message()
+        for call in calls:
+            self.items.append(call_item(new_id("fc"), call, status="in_progress"))
+            self.open_calls[len(self.open_calls)] = len(self.items) - 1
+            out.append(self._event("response.output_item.added", output_index=self._index,
+                                   item=self.items[-1]))  # fmt: skip
+        return out
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def _index(self) -> int:
+        return len(self.items) - 1
+
+    def _body(self, status: Any, usage: dict[str, Any] | None) -> dict[str, Any]:
+        done = status != "in_progress"
+        return response_body(self.body, self.model, self.rid, self.created, status,
+                             self.items if done else [], usage)  # fmt: skip
+
+    def _event(self, kind: str, **fields: Any) -> str:
+        data = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(data)}\n\n"

@@ -1,0 +1,105 @@
+"""OpenAI's Responses API (POST /v1/responses) with the official `openai` client, on the tiny
+model's server: the same prompt and greedy answer as the chat request it amounts to, its typed
+stream events, function calls (read back by the server's tool parser) and the next turn."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests.server.test_structured_output import WEATHER
+from tests.server.test_tool_calls import CALL
+from tests.servers import ServerProcess
+
+TOOL = {"type": "function", **WEATHER["function"]}  # the Responses API's flat form
+
+
+def _client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_a_response_is_the_chat_answer_whole_and_streamed(tiny_server: ServerProcess) -> None:
+    client = _client(tiny_server)
+    chat = client.chat.completions.create(
+        model="test-model", max_tokens=10, temperature=0.0,
+        messages=[{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": "Name a color."}],
+    )  # fmt: skip
+    resp = client.responses.create(model="test-model", instructions="Be brief.",
+                                   input="Name a color.", max_output_tokens=10,
+                                   temperature=0.0, metadata={"run": "1"})  # fmt: skip
+    assert resp.id.startswith("resp_") and resp.object == "response"
+    assert resp.output_text == chat.choices[0].message.content
+    assert resp.status == ("incomplete" if chat.choices[0].finish_reason == "length" else
+                           "completed")  # fmt: skip
+    assert resp.usage is not None and chat.usage is not None
+    assert resp.usage.input_tokens == chat.usage.prompt_tokens
+    assert resp.usage.output_tokens == chat.usage.completion_tokens
+    assert resp.metadata == {"run": "1"}
+    stream = client.responses.create(
+        model="test-model", max_output_tokens=10, temperature=0.0, stream=True,
+        input=[{"role": "developer", "content": "Be brief."},
+               {"role": "user", "content": [{"type": "input_text", "text": "Name a color."}]}],
+    )  # fmt: skip
+    events = list(stream)
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]  # fmt: skip
+    assert kinds[-4:-1] == ["response.output_text.done", "response.content_part.done",
+                            "response.output_item.done"]  # fmt: skip
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response  # type: ignore[union-attr]
+    assert deltas == final.output_text == resp.output_text
+    assert events[-1].type == f"response.{final.status}"
+
+
+def test_function_calls_and_the_next_turn(tiny_server: ServerProcess) -> None:
+    client = _client(tiny_server)
+    ask = "What is the weather in Oslo?"
+    resp = client.responses.create(
+        model="test-model", input=ask, tools=[TOOL], max_output_tokens=80,  # type: ignore[list-item]
+        temperature=1.0, extra_body={"structured_outputs": {"regex": CALL}},
+    )  # fmt: skip
+    kinds = [o.type for o in resp.output]
+    assert kinds == ["message", "function_call"], kinds
+    call = resp.output[1]
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments)["unit"] == "C" and call.call_id.startswith("call_")
+    stream = client.responses.create(
+        model="test-model", input=ask, tools=[TOOL], max_output_tokens=80,  # type: ignore[list-item]
+        temperature=1.0, stream=True, extra_body={"structured_outputs": {"regex": CALL}},
+    )  # fmt: skip
+    events = list(stream)
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(pieces) > 1 and len(done) == 1 and "".join(pieces) == done[0].arguments
+    # The next turn: the call and its output go back as input items.
+    follow = client.responses.create(
+        model="test-model", tools=[TOOL], max_output_tokens=4,  # type: ignore[list-item]
+        input=[{"role": "user", "content": ask},
+               {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                "arguments": call.arguments},
+               {"type": "function_call_output", "call_id": call.call_id, "output": "12 C"}],
+    )  # fmt: skip
+    assert follow.usage is not None and follow.usage.input_tokens > resp.usage.input_tokens  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+         "input"),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+        ({"input": []}, "input"),
+    ],
+)  # fmt: skip
+def test_what_is_not_served_is_a_400(
+    tiny_server: ServerProcess, fields: dict[str, object], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        _client(tiny_server).responses.create(model="test-model", **fields)  # type: ignore[call-overload]
+    assert err.value.body["param"] == param  # type: ignore[index]
