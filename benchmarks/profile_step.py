@@ -2,7 +2,7 @@
 sampler, update. Decode steps of N requests with ~100-token prompts, SmolLM2, bf16 by default.
 
     python benchmarks/profile_step.py [--requests 64] [--steps 20] [--dtype bfloat16]
-        [--quantization int8] [--compile]
+        [--quantization int8] [--compile] [--model gemma3-270m]
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--quantization", default="none")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--model", default="smollm2-135m", help="e.g. gemma3-270m")
     ap.add_argument("--top", type=int, default=0, help="also print the N ops with most self time")
     args = ap.parse_args()
     llm = LLM(
-        "smollm2-135m",
+        args.model,
         dtype=args.dtype,
         quantization=args.quantization,
         compile=args.compile,

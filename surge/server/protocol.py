@@ -327,11 +327,17 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     functions: list[dict[str, Any]] | None = None
     add_generation_prompt: StrictBool = True
+    # vLLM: the last (assistant) message is left open and the model writes on from its end.
+    continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
     _NULL_IS_DEFAULT: ClassVar[frozenset[str]] = _SamplingRequest._NULL_IS_DEFAULT | {"logprobs"}
 
     _check_messages = field_validator("messages")(_non_empty_messages)
+
+    @model_validator(mode="after")
+    def _check_continue(self) -> ChatCompletionRequest:
+        return _check_continuation(self)
 
     @field_validator("top_logprobs")
     @classmethod
@@ -388,6 +394,19 @@ class ChatCompletionRequest(_SamplingRequest):
         )  # fmt: skip
 
 
+def _check_continuation(body: Any) -> Any:
+    """continue_final_message leaves the last message open: it must be the assistant's, and no
+    new turn can open after it (add_generation_prompt is implied false unless sent true)."""
+    if not body.continue_final_message:
+        return body
+    if "add_generation_prompt" in body.model_fields_set and body.add_generation_prompt:
+        raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+    body.add_generation_prompt = False
+    if body.messages and body.messages[-1].role != "assistant":
+        raise ValueError("continue_final_message needs an assistant message last")
+    return body
+
+
 def check_context_length(
     prompt_tokens: int, max_tokens: int | None, max_model_len: int, *, param: str = "messages"
 ) -> None:
@@ -410,14 +429,17 @@ def check_context_length(
 
 
 class TokenizeRequest(_Model):
-    """vLLM /tokenize: either `prompt` or `messages` (rendered with the chat template)."""
+    """vLLM /tokenize: either `prompt` or `messages` (rendered as /v1/chat/completions renders
+    them: the chat template, the tools, an open final message)."""
 
     model: StrictStr | None = None
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
     add_special_tokens: StrictBool | None = None  # None: True for prompt, False for messages
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolSpec] | None = None
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> TokenizeRequest:
@@ -425,7 +447,13 @@ class TokenizeRequest(_Model):
             raise ValueError("exactly one of prompt or messages is required")
         if self.messages is not None:
             _non_empty_messages(self.messages)
-        return self
+        return _check_continuation(self)
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return template_messages(self.messages or [])
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
     def wants_special_tokens(self) -> bool:
         # A chat template already writes BOS and friends; adding them again would double them.

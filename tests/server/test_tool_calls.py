@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 
+import httpx
 import openai
 
 from tests.server.test_structured_output import ASK, TIME, WEATHER
@@ -96,3 +97,22 @@ def test_auto_answers_in_text_and_carries_tools_in_the_prompt(tiny_server: Serve
                                             tools=[WEATHER], max_tokens=4)  # fmt: skip
     assert follow.choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert follow.usage and follow.usage.prompt_tokens > text.usage.prompt_tokens
+
+
+def test_tokenize_renders_what_chat_renders(tiny_server: ServerProcess) -> None:
+    """/tokenize with messages counts the prompt chat runs: its tools, and an assistant message
+    left open by continue_final_message (no end of turn after it)."""
+    client = _client(tiny_server)
+    opened = [*ASK, {"role": "assistant", "content": "The weather in Oslo is"}]
+    for extra in ({"tools": [WEATHER]}, {"continue_final_message": True}):
+        messages = opened if "continue_final_message" in extra else ASK
+        counted = httpx.post(tiny_server.url + "/tokenize",
+                             json={"messages": messages, **extra}).json()  # fmt: skip
+        chat = client.chat.completions.create(model="test-model", messages=messages,  # type: ignore[arg-type]
+                                              max_tokens=1, extra_body=extra)  # fmt: skip
+        assert chat.usage is not None and counted["count"] == chat.usage.prompt_tokens, extra
+    text = httpx.post(tiny_server.url + "/detokenize", json={"tokens": counted["tokens"]}).json()
+    assert text["prompt"].endswith("The weather in Oslo is")
+    both = {"messages": opened, "continue_final_message": True, "add_generation_prompt": True}
+    r = httpx.post(tiny_server.url + "/v1/chat/completions", json=both)
+    assert r.status_code == 400 and "cannot both be true" in r.json()["error"]["message"]

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from surge.engine.output_processor import SequenceDelta
 from surge.server.errors import BadRequestError
-from surge.server.protocol import ChatCompletionRequest, check_context_length
+from surge.server.protocol import ChatCompletionRequest, TokenizeRequest, check_context_length
 from surge.server.protocol_responses import (
     ChatCompletionChoice,
     ChatCompletionResponse,
@@ -36,7 +36,10 @@ from surge.server.tools import ToolCall, ToolPlan, new_call_id
 router = APIRouter()
 
 
-def render_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
+def render_text(state: ServerState, body: ChatCompletionRequest | TokenizeRequest) -> str:
+    """The conversation as the chat template writes it, with the request's tools (in the tool
+    parser's syntax when the template shows none) and, with continue_final_message, cut just
+    after the last message's text so that the model writes on from there."""
     tok = state.tokenizer
     kwargs = dict(body.chat_template_kwargs or {})
     messages, tools = body.template_messages(), body.template_tools()
@@ -51,8 +54,21 @@ def render_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
         )
     except ValueError as e:
         raise BadRequestError(f"cannot apply the chat template: {e}", param="messages") from e
+    if body.continue_final_message:
+        final = str(messages[-1].get("content") or "")
+        for needle in (final, final.strip()):
+            if needle and (end := text.rfind(needle)) >= 0:
+                return text[: end + len(needle)]
+        raise BadRequestError(
+            "continue_final_message: the chat template does not write the final message's "
+            "text as given", param="messages",
+        )  # fmt: skip
+    return text
+
+
+def render_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
     # The template writes any BOS itself: don't add special tokens again.
-    return tok.encode(text, add_special_tokens=False)
+    return state.tokenizer.encode(render_text(state, body), add_special_tokens=False)
 
 
 @dataclass(frozen=True, slots=True)

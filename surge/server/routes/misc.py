@@ -68,13 +68,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     state.check_model(body.model)
     tok = state.tokenizer
     if body.messages is not None:
-        from surge.server.protocol import template_messages
+        from surge.server.routes.chat import render_text
 
-        text = tok.apply_chat_template(
-            template_messages(body.messages),
-            add_generation_prompt=body.add_generation_prompt,
-            **(body.chat_template_kwargs or {}),
-        )
+        text = render_text(state, body)
     else:
         text = body.prompt or ""
     ids = tok.encode(text, add_special_tokens=body.wants_special_tokens())
