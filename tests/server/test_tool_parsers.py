@@ -73,6 +73,14 @@ WEATHER = ("get_weather", {"city": "Paris", "note": 'a } and a " and </tool_call
         ("llama3_json", '{"name": "get_time", "parameters": {}}', None, [("get_time", {})]),
         ("llama3_json", "The weather is fine.", "The weather is fine.", []),
         ("llama3_json", '{"name": "Bob", "age": 3}', '{"name": "Bob", "age": 3}', []),
+        ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, '
+         '{"name": "get_time", "arguments": {}}]', None,
+         [("get_weather", {"city": "Oslo"}), ("get_time", {})]),
+        # [TOOL_CALLS] is a control token, dropped when the text is decoded.
+        ("mistral", '[{"name": "get_time", "arguments": {"zone": "CET"}}]', None,
+         [("get_time", {"zone": "CET"})]),
+        ("mistral", "[1, 2] are numbers", "[1, 2] are numbers", []),
+        ("mistral", "Plain words.", "Plain words.", []),
         ("pythonic", '[get_weather(city="Paris", days=2), get_time()]', None,
          [("get_weather", {"city": "Paris", "days": 2}), ("get_time", {})]),
         ("pythonic", "[1, 2] are numbers", "[1, 2] are numbers", []),
@@ -116,7 +124,10 @@ def test_template_detection_and_the_prompt_for_templates_without_tools() -> None
     assert parser_for_template("[func_name1(params_name1=params_value1)] {{ tools }}").name == (
         "pythonic"
     )
+    assert parser_for_template("[AVAILABLE_TOOLS] {{ tools }}").name == "mistral"
     assert parser_for_template(None).name == "hermes"
+    cut = '[TOOL_CALLS][{"name": "get_time", "arguments": {}}'  # the list never closed
+    assert PARSERS["mistral"](TOOLS).answer(cut) == (cut, [])
     assert renders_tools("{% if tools %}") and not renders_tools("{{ messages }}")
     tool = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
     messages = [

@@ -6,11 +6,12 @@ from __future__ import annotations
 from surge.server.tool_parsers.base import PartialCall, Reading, ToolParser
 from surge.server.tool_parsers.hermes import HermesParser
 from surge.server.tool_parsers.llama3_json import Llama3JsonParser
+from surge.server.tool_parsers.mistral import MistralParser
 from surge.server.tool_parsers.pythonic import PythonicParser
 from surge.server.tool_parsers.stream import ToolCallStream
 
 PARSERS: dict[str, type[ToolParser]] = {
-    p.name: p for p in (HermesParser, Llama3JsonParser, PythonicParser)
+    p.name: p for p in (HermesParser, Llama3JsonParser, MistralParser, PythonicParser)
 }
 
 
@@ -24,6 +25,8 @@ def parser_for_template(template: str | None) -> type[ToolParser]:
         return HermesParser
     if "<|python_tag|>" in text or '"parameters": dictionary' in text:
         return Llama3JsonParser
+    if "[TOOL_CALLS]" in text or "[AVAILABLE_TOOLS]" in text:
+        return MistralParser
     return HermesParser
 
 
