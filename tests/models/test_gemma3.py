@@ -89,3 +89,26 @@ def test_real_gemma3_270m_gguf_matches_transformers() -> None:
                                                dtype=torch.float32).eval()  # fmt: skip
     expected = ref.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)
     assert list(out[0].outputs[0].token_ids) == [int(t) for t in expected[0, len(prompt) :]]
+
+
+def test_tiny_gemma3_with_a_lora_adapter_matches_peft(tiny_gemma3: Path, tmp_path: Path) -> None:
+    """A PEFT LoRA adapter on every projection: Surge's greedy tokens with it are PEFT's."""
+    from peft import PeftModel
+    from transformers import Gemma3ForCausalLM
+
+    from tests.lora_adapters import write_peft_adapter
+
+    adapter = write_peft_adapter(tiny_gemma3, tmp_path / "adapter", r=4, alpha=8, scale=2.0)
+    prompt = [(53 * i + 7) % 4000 + 200 for i in range(12)]
+    base = Gemma3ForCausalLM.from_pretrained(tiny_gemma3, dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, str(adapter)).eval()
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        expected = peft.generate(ids, max_new_tokens=10, do_sample=False, min_new_tokens=10)
+    llm = LLM(model=str(tiny_gemma3), dtype="float32", kv_cache_memory_gib=0.05,
+              lora_modules={"a": str(adapter)})  # type: ignore[arg-type]  # fmt: skip
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    (with_lora,) = llm.generate([prompt], params, lora_name="a", use_tqdm=False)
+    (without,) = llm.generate([prompt], params, use_tqdm=False)
+    assert list(with_lora.outputs[0].token_ids) == expected[0, len(prompt) :].tolist()
+    assert list(without.outputs[0].token_ids) != list(with_lora.outputs[0].token_ids)
