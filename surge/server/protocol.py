@@ -244,7 +244,7 @@ class _SamplingRequest(_Model):
                 prompt_logprobs=prompt_logprobs,
             )
         except ValueError as exc:
-            raise _sampling_error(str(exc), renames) from exc
+            raise sampling_error(str(exc), renames) from exc
 
 
 def _token_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
@@ -255,8 +255,10 @@ def _token_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
         raise ValueError(f"logit_bias keys must be token ids, got {list(bias or {})}") from None
 
 
-def _sampling_error(message: str, renames: Mapping[str, str]) -> BadRequestError:
-    # SamplingParams messages start with the offending field ("top_p must be in (0, 1]...").
+def sampling_error(message: str, renames: Mapping[str, str] | None = None) -> BadRequestError:
+    """A 400 for a SamplingParams ValueError: its messages start with the offending field
+    ("top_p must be in (0, 1]..."), which becomes the param (renamed where the API differs)."""
+    renames = renames or {}
     match = _PARAM_RE.match(message)
     if match is None:
         return BadRequestError(message)

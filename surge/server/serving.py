@@ -33,6 +33,7 @@ from surge.server.errors import (
     error_body,
 )
 from surge.server.generation import Event, RequestTiming, choice_index, generate_merged
+from surge.server.protocol import sampling_error
 from surge.server.protocol_responses import SSE_DONE, UsageInfo
 from surge.server.request_span import record_request_span
 from surge.server.state import ServerState
@@ -173,7 +174,7 @@ def start_job(
     try:
         params.check_vocab(state.client.info.vocab_size)
     except ValueError as e:
-        raise BadRequestError(str(e), param=str(e).split(" ", 1)[0]) from None
+        raise sampling_error(str(e)) from None
     if state.client.dead_reason is not None:
         raise ServiceUnavailableError("engine is not running", retry_after_s=5, code="engine_dead")
     tenant = resolve_tenant(request, user, state.config)

@@ -40,6 +40,11 @@ class ToolCall:
         return out
 
 
+def tool_calls_finish_reason(engine_reason: str | None) -> str | None:
+    """ "tool_calls" for an output that ended by itself with calls, else the engine's reason."""
+    return "tool_calls" if engine_reason == "stop" else engine_reason
+
+
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -86,4 +91,4 @@ class ToolPlan:
 
     def finish_reason(self, engine_reason: str | None) -> str | None:
         """ "tool_calls" when the grammar ended the output, else the engine's reason."""
-        return "tool_calls" if engine_reason == "stop" else engine_reason
+        return tool_calls_finish_reason(engine_reason)

@@ -31,7 +31,7 @@ from surge.server.serving import (
 from surge.server.state import ServerState, get_state
 from surge.server.tool_parsers import ToolCallStream, ToolParser
 from surge.server.tool_parsers.prompt import with_tools_prompt
-from surge.server.tools import ToolCall, ToolPlan, new_call_id
+from surge.server.tools import ToolCall, ToolPlan, new_call_id, tool_calls_finish_reason
 
 router = APIRouter()
 
@@ -128,12 +128,11 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     for i, c in enumerate(job.choices):
         logprobs = chat_logprobs(tok, c.logprobs) if params.logprobs is not None else None
         message, finish_reason = ChatResponseMessage(content=c.text), c.finish_reason
-        if plan is not None or parser is not None:
-            content, calls = chat.answer(c.text)
-            if calls:
-                tool_calls = [t.to_openai() for t in calls]
-                message = ChatResponseMessage(content=content, tool_calls=tool_calls)
-                finish_reason = _called(c.finish_reason)
+        content, calls = chat.answer(c.text)
+        if calls:
+            tool_calls = [t.to_openai() for t in calls]
+            message = ChatResponseMessage(content=content, tool_calls=tool_calls)
+            finish_reason = tool_calls_finish_reason(c.finish_reason)
         choices.append(
             ChatCompletionChoice(
                 index=i, message=message, logprobs=logprobs, finish_reason=finish_reason
@@ -152,11 +151,6 @@ def _auto_parser(state: ServerState, body: ChatCompletionRequest) -> ToolParser 
     if state.tool_parser is None or not body.auto_tools():
         return None
     return state.tool_parser([t.function.name for t in body.tools or ()])
-
-
-def _called(engine_reason: str | None) -> str | None:
-    """ "tool_calls" for an output that ended by itself with calls, else the engine's reason."""
-    return "tool_calls" if engine_reason == "stop" else engine_reason
 
 
 def _stream(
@@ -219,7 +213,7 @@ def _stream(
                     out += _closing(plan, job.choices[i].text, i, chunk, streams_arguments)
                     reason = plan.finish_reason(d.finish_reason) or reason
                 elif calls is not None and calls[i].called:
-                    reason = _called(reason) or reason
+                    reason = tool_calls_finish_reason(reason) or reason
                 out.append(chunk([ChatCompletionStreamChoice(index=i, finish_reason=reason)]))
         return out
 

@@ -72,7 +72,8 @@ class _ResponseStream:
         self.calls = ToolCallStream(chat.parser) if chat.parser is not None else None
         self.seq = 0
         self.items: list[dict[str, Any]] = []  # output items, completed or open
-        self.text: str | None = None  # the open message's text (None: no message open)
+        self.message: int | None = None  # the open message's output index (None: none open)
+        self.text = ""  # the open message's text so far
         self.open_calls: dict[int, int] = {}  # a call's index -> its output index
         self.status = "completed"
 
@@ -115,10 +116,10 @@ class _ResponseStream:
 
     def _text(self, delta: str) -> list[str]:
         out = []
-        if self.text is None:
+        if self.message is None:
             item = message_item(new_id("msg"), "", status="in_progress")
             self.items.append(item)
-            self.text = ""
+            self.message, self.text = self._index, ""
             part = {"type": "output_text", "text": "", "annotations": []}
             out += [
                 self._event("response.output_item.added", output_index=self._index, item=item),
@@ -126,20 +127,20 @@ class _ResponseStream:
                             output_index=self._index, content_index=0, part=part),
             ]  # fmt: skip
         self.text += delta
-        out.append(self._event("response.output_text.delta", item_id=self.items[-1]["id"],
-                               output_index=self._index, content_index=0, delta=delta,
+        index = self.message
+        out.append(self._event("response.output_text.delta", item_id=self.items[index]["id"],
+                               output_index=index, content_index=0, delta=delta,
                                logprobs=[]))  # fmt: skip
         return out
 
     def _close_message(self) -> list[str]:
-        if self.text is None:
+        index = self.message
+        if index is None:
             return []
-        index = next(i for i, it in enumerate(self.items) if it["type"] == "message"
-                     and it["status"] == "in_progress")  # fmt: skip
         item = message_item(self.items[index]["id"], self.text)
         self.items[index] = item
         part = item["content"][0]
-        self.text = None
+        self.message = None
         common = {"item_id": item["id"], "output_index": index, "content_index": 0}
         return [
             self._event("response.output_text.done", **common, text=part["text"], logprobs=[]),

@@ -36,6 +36,11 @@ class Reading:
     def valid(self) -> bool:
         return all(c.valid and c.name is not None for c in self.calls)
 
+    @property
+    def complete(self) -> bool:
+        """Every call ended and read: the calls of a finished output."""
+        return self.valid and all(c.done for c in self.calls)
+
 
 class ToolParser(ABC):
     """One model family's tool-call syntax: how to read it, and how to ask for it in a prompt
@@ -54,7 +59,7 @@ class ToolParser(ABC):
         """(content, calls) of a finished output: the text itself when it holds no call, or a
         malformed one (cut by max_tokens, or not JSON)."""
         reading = self.read(text, final=True)
-        if not reading.calls or not reading.valid or not all(c.done for c in reading.calls):
+        if not reading.calls or not reading.complete:
             return text, []
         calls = [ToolCall(c.name or "", c.arguments, new_call_id()) for c in reading.calls]
         return reading.content if reading.content.strip() else None, calls
@@ -81,6 +86,17 @@ def held_back(text: str, marker: str) -> int:
         if text.endswith(marker[:n]):
             return n
     return 0
+
+
+def after_tag(text: str, final: bool, tag: str) -> str | None:
+    """The answer past a leading `tag` (which a decode that drops control tokens may have
+    dropped), or None while what came so far is empty or could still become the tag."""
+    body = text.lstrip()
+    if body.startswith(tag):
+        return body[len(tag) :].lstrip() or (None if not final else "")
+    if not final and tag.startswith(body):
+        return None
+    return body
 
 
 def tools_json_lines(tools: Sequence[Mapping[str, Any]]) -> str:

@@ -8,7 +8,13 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from surge.server.tool_parsers.base import PartialCall, Reading, ToolParser, tools_json_lines
+from surge.server.tool_parsers.base import (
+    PartialCall,
+    Reading,
+    ToolParser,
+    after_tag,
+    tools_json_lines,
+)
 from surge.server.tool_parsers.json_call import read_json_call, value_end
 
 TAG = "<|python_tag|>"
@@ -18,13 +24,9 @@ class Llama3JsonParser(ToolParser):
     name = "llama3_json"
 
     def read(self, text: str, final: bool) -> Reading:
-        body = text.lstrip()
-        if body.startswith(TAG):
-            body = body[len(TAG) :].lstrip()
-        elif not final and TAG.startswith(body):
+        body = after_tag(text, final, TAG)
+        if body is None:
             return Reading("")  # nothing yet, or maybe the tag
-        if not body and not final:
-            return Reading("")
         if not body.startswith("{"):
             return Reading(text)
         calls: list[PartialCall] = []

@@ -24,7 +24,7 @@ class ToolCallStream:
     def update(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
         """(content, tool-call deltas) to send now that the text is `text`."""
         reading = self.parser.read(text, final)
-        if final and not self._calls and not (reading.valid and all(c.done for c in reading.calls)):
+        if final and not self._calls and not reading.complete:
             reading = Reading(text)  # malformed, and none of it sent as a call: it is the answer
         content = ""
         if not self._calls and len(reading.content) > self._content_sent:
