@@ -303,6 +303,13 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         "system prompt then teaches)",
     )
     g.add_argument(
+        "--responses-store-max",
+        type=int,
+        default=1000,
+        help="Responses API: keep this many responses for previous_response_id and "
+        "GET /v1/responses/{id} (least recently used go first; 0: store none)",
+    )
+    g.add_argument(
         "--api-niceness",
         type=int,
         default=0,
@@ -374,6 +381,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         chat_template=_chat_template(args.chat_template),
+        responses_store_max=args.responses_store_max,
         api_niceness=args.api_niceness,
         embedding_model=args.embedding_model,
         embedding_model_name=args.embedding_model_name,

@@ -40,6 +40,7 @@ from surge.gateway.limits import ConcurrencyLimiter, LimitExceeded
 from surge.gateway.metrics import GatewayMetrics
 from surge.gateway.prefix_affinity import route_key
 from surge.gateway.proxy import Proxy, ProxyRequest, forward_headers
+from surge.gateway.response_owners import ResponseOwners
 from surge.gateway.streaming import RelayStream
 from surge.gateway.upstreams import (
     FALLBACK,
@@ -66,6 +67,7 @@ class GatewayState:
     reload_now: asyncio.Event = field(default_factory=asyncio.Event)  # set by SIGHUP
     proxy: Proxy | None = None  # built in the lifespan, with the HTTP client
     tracing: Tracing = field(default_factory=Tracing.off)  # started in the lifespan
+    owners: ResponseOwners = field(default_factory=ResponseOwners)  # stored responses' homes
 
     @classmethod
     def create(cls, config: GatewayConfig) -> GatewayState:
@@ -96,7 +98,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
         ):
             state.tracing = Tracing.start(config.tracing)
             state.proxy = Proxy(config, state.pool, state.balancers, client, state.metrics,
-                                tracing=state.tracing)  # fmt: skip
+                                tracing=state.tracing, owners=state.owners)  # fmt: skip
             tasks = await _start_background(state, monitor)
             try:
                 yield
@@ -122,6 +124,20 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.post("/v1/responses", response_model=None)
     async def responses(request: Request) -> Response:
         return await _proxy(state, request, "/v1/responses", generation=True)
+
+    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"],
+                   response_model=None)  # fmt: skip
+    @app.get("/v1/responses/{response_id}/input_items", response_model=None)
+    async def stored_response(request: Request, response_id: str) -> Response:
+        owner = await _owner(state, request, response_id)
+        if owner is None:
+            raise NotFound(f"Response with id '{response_id}' not found.",
+                           code="response_not_found")  # fmt: skip
+        response = await _proxy(state, request, "/v1/responses/{id}", generation=False,
+                                pinned=owner)  # fmt: skip
+        if request.method == "DELETE" and response.status_code == 200:
+            state.owners.forget(response_id)
+        return response
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -233,15 +249,32 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
+async def _owner(state: GatewayState, request: Request, response_id: str) -> str | None:
+    """The upstream in rotation holding stored response `response_id` (the client's API key
+    owns it there), or None."""
+    assert state.proxy is not None
+    now_s = time.monotonic()
+    serving = [u for u in state.pool.all() if u.in_rotation(now_s)]
+    auth = request.headers.get("authorization")
+    headers = {"authorization": auth} if auth else {}
+    return await state.owners.locate(response_id, serving, state.proxy.client, headers,
+                                     state.config.health.timeout_s)  # fmt: skip
+
+
 async def _proxy(
-    state: GatewayState, request: Request, route: str, *, generation: bool
+    state: GatewayState,
+    request: Request,
+    route: str,
+    *,
+    generation: bool,
+    pinned: str | None = None,
 ) -> Response:
     arrival_s = time.perf_counter()
     status = 500
     span = _request_span(state, request, route)
     ends_with_stream = False
     try:
-        response = await _admit_and_forward(state, request, arrival_s, generation, span)
+        response = await _admit_and_forward(state, request, arrival_s, generation, span, pinned)
         status = response.status_code
         if isinstance(response, RelayStream):  # the span lasts as long as the stream
             response.add_on_close(span.end)
@@ -276,7 +309,12 @@ def _request_span(state: GatewayState, request: Request, route: str) -> trace.Sp
 
 
 async def _admit_and_forward(
-    state: GatewayState, request: Request, arrival_s: float, generation: bool, span: trace.Span
+    state: GatewayState,
+    request: Request,
+    arrival_s: float,
+    generation: bool,
+    span: trace.Span,
+    pinned: str | None,
 ) -> Response:
     config, metrics, limiter = state.config, state.metrics, state.limiter
     body = await _read_body(request, config.max_body_bytes)
@@ -308,7 +346,11 @@ async def _admit_and_forward(
             trace_context=trace.set_span_in_context(span) if state.tracing.enabled else None,
             timeout_s=timeout_s,
             model=model if isinstance(model := (parsed or {}).get("model"), str) else None,
+            pinned=pinned,
         )
+        if parsed is not None and isinstance(prev := parsed.get("previous_response_id"), str):
+            # The next turn of a stored conversation: only its server has the turns before.
+            preq.pinned = await _owner(state, request, prev)
         if parsed is not None:
             _degrade(state, preq, parsed)
             if DEGRADED_HEADER in preq.extra_headers:

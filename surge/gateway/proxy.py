@@ -45,9 +45,11 @@ from surge.gateway.errors import (
     Unavailable,
 )
 from surge.gateway.metrics import GatewayMetrics
+from surge.gateway.response_owners import ResponseOwners
 from surge.gateway.retry import RetryBudget, backoff_s, parse_retry_after, retry_after_header
 from surge.gateway.streaming import RelayStream
 from surge.gateway.upstreams import PRIMARY, RouteKey, Upstream, UpstreamPool
+from surge.headers import RESPONSE_ID_HEADER
 from surge.observability.tracing import TRACE_HEADERS, Tracing, inject
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,7 @@ class ProxyRequest:
     trace_context: Context | None = None  # the gateway's span of this request, when tracing
     timeout_s: float | None = None  # the client's deadline, when shorter than total_s
     model: str | None = None  # the body's `model`: only upstreams that list it (or say nothing)
+    pinned: str | None = None  # only this upstream (it holds the stored response named)
 
 
 @dataclass(slots=True)
@@ -150,8 +153,10 @@ class Proxy:
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.monotonic,
         tracing: Tracing | None = None,
+        owners: ResponseOwners | None = None,
     ) -> None:
         self.config = config
+        self.owners = owners or ResponseOwners()  # learned from the answers' header
         self.tracing = tracing or Tracing.off()
         self.pool = pool
         self.balancers = balancers
@@ -211,7 +216,7 @@ class Proxy:
             denied = "attempts"
         elif now_s >= deadline_s:
             denied = "deadline"
-        elif not self.pool.candidates(req.group, now_s, tried, req.model):
+        elif not self._candidates(req, now_s, tried):
             denied = "no_upstream"
         elif not self.budget.can_retry(now_s):
             denied = "budget"
@@ -225,7 +230,7 @@ class Proxy:
     def _choose(self, req: ProxyRequest, tried: list[str]) -> tuple[Upstream, Permit, float] | None:
         """(upstream, permit, seconds to wait first) or None when no candidate is left."""
         now_s = self.clock()
-        candidates = self.pool.candidates(req.group, now_s, tried, req.model)
+        candidates = self._candidates(req, now_s, tried)
         fresh = [u for u in candidates if not u.throttled(now_s)]
         if not fresh:  # all asked for a pause: those whose pause ends soon enough to wait out
             fresh = [
@@ -244,6 +249,12 @@ class Proxy:
                 return up, permit, max(0.0, up.throttled_until_s - now_s)
             fresh.remove(up)
         return None
+
+    def _candidates(self, req: ProxyRequest, now_s: float, tried: list[str]) -> list[Upstream]:
+        if req.pinned is not None:
+            pinned = [u for u in self.pool.all() if u.url == req.pinned]
+            return [u for u in pinned if u.url not in tried and u.in_rotation(now_s)]
+        return self.pool.candidates(req.group, now_s, tried, req.model)
 
     async def _attempt(
         self, up: Upstream, permit: Permit, req: ProxyRequest, deadline_s: float, first: bool
@@ -304,6 +315,8 @@ class Proxy:
         m = self.metrics
         m.upstream_latency.labels(up.url, "first_byte").observe(ready_s - sent_s)
         headers = self._response_headers(resp, up, req)
+        if outcome is Outcome.SUCCESS and (response_id := resp.headers.get(RESPONSE_ID_HEADER)):
+            self.owners.learn(response_id, up.url)
         if outcome is Outcome.SUCCESS and _is_event_stream(resp):
             stream = RelayStream(
                 resp, chunks, first_chunk, lease, idle_s=timeouts.idle_s, deadline_s=deadline_s,

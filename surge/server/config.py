@@ -52,6 +52,9 @@ class ServerConfig:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     chat_template: str | None = None  # Jinja text replacing the model's own
+    # Responses API: how many responses to keep for previous_response_id and GET (an LRU in
+    # the API process); 0 stores none.
+    responses_store_max: int = 1000
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -71,5 +74,7 @@ class ServerConfig:
             names = ", ".join(sorted(PARSERS))
             raise ValueError(f"tool_call_parser must be one of {names}, got "
                              f"{self.tool_call_parser!r}")  # fmt: skip
+        if self.responses_store_max < 0:
+            raise ValueError(f"responses_store_max must be >= 0, got {self.responses_store_max}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")

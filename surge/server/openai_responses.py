@@ -2,8 +2,9 @@
 
 A request's `instructions` and `input` (a string, or items: messages, earlier function calls and
 their outputs) become chat messages; function tools, `tool_choice` and `text.format` become the
-chat fields they mirror. Responses are not stored (`store` is accepted and ignored), so
-`previous_response_id` is refused: send the whole conversation as `input`.
+chat fields they mirror. A stored response (`store`, true by default as OpenAI's) lets the next
+turn name it in `previous_response_id` instead of resending the conversation: its items come
+first, then this request's `input`; its `instructions` are not carried over (OpenAI's rule).
 """
 
 from __future__ import annotations
@@ -46,16 +47,19 @@ class ResponsesRequest(BaseModel):
     cache_salt: StrictStr | None = None
     structured_outputs: dict[str, Any] | None = None
 
-    def chat_fields(self) -> dict[str, Any]:
-        """The /v1/chat/completions body this request amounts to; 400 for what has none."""
-        if self.previous_response_id is not None:
-            raise BadRequestError(
-                "previous_response_id: responses are not stored here; send the conversation "
-                "as input",
-                param="previous_response_id",
-            )
+    def input_items(self) -> list[dict[str, Any]]:
+        """`input` as items, each with an id and its content as parts (as OpenAI lists them)."""
+        if isinstance(self.input, str):
+            return [_message("user", self.input)]
+        return [_input_item(item) for item in self.input]
+
+    def chat_fields(
+        self, items: list[dict[str, Any]], earlier: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """The /v1/chat/completions body this request amounts to, its input `items` after the
+        `earlier` conversation (a previous response's); 400 for what has none."""
         messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
-        messages += _messages(self.input)
+        messages += _messages(earlier or []) + _messages(items)
         if not messages:
             raise BadRequestError("input must not be empty", param="input")
         fields: dict[str, Any] = {"model": self.model, "messages": messages, "stream": False}
@@ -75,9 +79,25 @@ class ResponsesRequest(BaseModel):
         return fields
 
 
-def _messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    if isinstance(items, str):
-        return [{"role": "user", "content": items}]
+def _message(role: str, text: str) -> dict[str, Any]:
+    part = "output_text" if role == "assistant" else "input_text"
+    return {"type": "message", "id": new_id("msg"), "status": "completed", "role": role,
+            "content": [{"type": part, "text": text}]}  # fmt: skip
+
+
+def _input_item(item: dict[str, Any]) -> dict[str, Any]:
+    kind = item.get("type", "message")
+    if kind == "message" and isinstance(item.get("content"), str):
+        return {**_message(str(item.get("role")), item["content"]), **_id(item)}
+    prefix = {"message": "msg", "function_call": "fc"}.get(kind, "item")
+    return {"type": kind, "id": new_id(prefix), **item}
+
+
+def _id(item: dict[str, Any]) -> dict[str, Any]:
+    return {"id": item["id"]} if isinstance(item.get("id"), str) else {}
+
+
+def _messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, item in enumerate(items):
         kind = item.get("type", "message")
@@ -180,17 +200,19 @@ def response_body(
     status: str,  # in_progress | completed | incomplete
     output: list[dict[str, Any]],
     usage: dict[str, Any] | None,
+    store: bool,
 ) -> dict[str, Any]:
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return {
         "id": response_id, "object": "response", "created_at": created_at, "status": status,
         "error": None, "incomplete_details": incomplete, "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens, "model": model, "output": output,
-        "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": None,
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "previous_response_id": body.previous_response_id,
         "temperature": body.temperature, "top_p": body.top_p,
         "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
         "text": body.text or {"format": {"type": "text"}}, "truncation": "disabled",
-        "metadata": body.metadata or {}, "store": False, "user": body.user, "usage": usage,
+        "metadata": body.metadata or {}, "store": store, "user": body.user, "usage": usage,
     }  # fmt: skip
 
 

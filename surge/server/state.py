@@ -17,6 +17,7 @@ from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
 from surge.server.errors import BadRequestError, NotFoundError, RateLimitError, SurgeHTTPError
 from surge.server.rate_limit import RateLimiter
+from surge.server.response_store import ResponseStore
 from surge.server.tool_parsers import PARSERS, ToolParser, parser_for_template
 from surge.server.tool_parsers.prompt import renders_tools
 
@@ -32,6 +33,7 @@ class ServerState:
     embeddings: EmbeddingService | None = None
     tracing: Tracing = field(default_factory=Tracing.off)
     tool_parser: type[ToolParser] | None = None  # None: tool_choice "auto" is refused
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(0))
 
     @classmethod
     def create(
@@ -56,6 +58,7 @@ class ServerState:
             embeddings=embeddings,
             tracing=tracing or Tracing.off(),
             tool_parser=_tool_parser(config, client.tokenizer.chat_template),
+            responses=ResponseStore(config.responses_store_max),
         )
 
     @property

@@ -22,11 +22,7 @@ def resolve_tenant(request: Request, user: str | None, config: ServerConfig) -> 
     """Header, else `user`, else a hash of the API key (never the key itself), else ""."""
     tenant = request.headers.get(config.tenant_header, "").strip() or (user or "").strip()
     if not tenant:
-        auth = request.headers.get("authorization", "")
-        if auth.lower().startswith("bearer ") and config.api_keys:
-            digest = hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:12]
-            return f"key-{digest}"
-        return ""
+        return key_owner(request, config)
     if len(tenant) > MAX_TENANT_CHARS:
         raise BadRequestError(
             f"tenant (header {config.tenant_header!r} or 'user') is longer than "
@@ -34,6 +30,14 @@ def resolve_tenant(request: Request, user: str | None, config: ServerConfig) -> 
             param="user",
         )
     return tenant
+
+
+def key_owner(request: Request, config: ServerConfig) -> str:
+    """The API key's hash ("key-<12 hex>", never the key itself), or "" without API keys."""
+    auth = request.headers.get("authorization", "")
+    if not (auth.lower().startswith("bearer ") and config.api_keys):
+        return ""
+    return "key-" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:12]
 
 
 def resolve_priority(request: Request, body_priority: int | None, config: ServerConfig) -> int:

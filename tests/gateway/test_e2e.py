@@ -156,6 +156,39 @@ def test_round_robin_spreads_evenly(fleet: Fleet) -> None:
     assert sorted(counts.values()) == [10, 10, 10], counts
 
 
+def test_stored_responses_stay_with_the_upstream_that_holds_them(fleet: Fleet) -> None:
+    """Round robin sends each request elsewhere; a turn naming a stored response, and GET or
+    DELETE of one, go to the server that stored it: learned from the answer that made it, or
+    found by asking the upstreams (a response the gateway never saw)."""
+    client = client_for(fleet.rr)
+    common: dict[str, Any] = {"model": "test-model", "max_output_tokens": 2}
+    raw = client.responses.with_raw_response.create(input="Hi!", **common)
+    home, last = raw.headers["x-surge-upstream"], raw.parse()
+    for i in range(4):
+        raw = client.responses.with_raw_response.create(
+            input=f"More {i}", previous_response_id=last.id, **common
+        )
+        assert raw.headers["x-surge-upstream"] == home
+        turn = raw.parse()
+        assert turn.usage is not None and last.usage is not None
+        assert turn.usage.input_tokens > last.usage.input_tokens  # the earlier turns are in
+        last = turn
+    assert client.responses.retrieve(last.id).output_text == last.output_text
+    direct = openai.OpenAI(base_url=fleet.servers[2].url + "/v1", api_key="sk-test",
+                           max_retries=0)  # fmt: skip
+    made = direct.responses.create(input="Hello", **common)
+    for _ in range(3):  # round robin would have sent each to another upstream
+        items = client.responses.input_items.list(made.id).data
+        assert [i.content[0].text for i in items] == ["Hello"]  # type: ignore[union-attr]
+    raw = client.responses.with_raw_response.create(
+        input="Again", previous_response_id=made.id, **common
+    )
+    assert raw.headers["x-surge-upstream"] == fleet.servers[2].url
+    client.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(made.id)
+
+
 def test_sighup_reloads_the_upstreams_file(fleet: Fleet) -> None:
     keep = [s.url for s in fleet.servers[:2]]
     fleet.rr_file.write_text("\n".join(keep) + "\n")

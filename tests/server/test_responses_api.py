@@ -1,6 +1,7 @@
 """OpenAI's Responses API (POST /v1/responses) with the official `openai` client, on the tiny
 model's server: the same prompt and greedy answer as the chat request it amounts to, its typed
-stream events, function calls (read back by the server's tool parser) and the next turn."""
+stream events, function calls (read back by the server's tool parser) and the next turn, and
+stored responses: previous_response_id, retrieve, input_items, delete."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_function_calls_and_the_next_turn(tiny_server: ServerProcess) -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "x", "previous_response_id": "resp_gone"}, "previous_response_id"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
          "input"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
@@ -103,3 +104,61 @@ def test_what_is_not_served_is_a_400(
     with pytest.raises(openai.BadRequestError) as err:
         _client(tiny_server).responses.create(model="test-model", **fields)  # type: ignore[call-overload]
     assert err.value.body["param"] == param  # type: ignore[index]
+
+
+def test_previous_response_id_continues_the_stored_conversation(
+    tiny_server: ServerProcess,
+) -> None:
+    client = _client(tiny_server)
+    common = {"model": "test-model", "instructions": "Be brief.", "max_output_tokens": 6,
+              "temperature": 0.0}  # fmt: skip
+    first = client.responses.create(input="Name a color.", **common)  # type: ignore[arg-type]
+    assert first.store is True
+    # Streamed, and continuing the first: stored when it ends, as a whole one is.
+    events = list(client.responses.create(input=[{"role": "user", "content": "Another?"}],
+                                          previous_response_id=first.id, stream=True,
+                                          **common))  # type: ignore[call-overload]
+    second = events[-1].response  # type: ignore[union-attr]
+    assert second.previous_response_id == first.id
+    third = client.responses.create(input="And a third?", previous_response_id=second.id,
+                                    **common)  # type: ignore[arg-type]
+    # The same prompt and greedy answer as the whole conversation sent as chat messages.
+    chat = client.chat.completions.create(
+        model="test-model", max_tokens=6, temperature=0.0,
+        messages=[{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": "Name a color."},
+                  {"role": "assistant", "content": first.output_text},
+                  {"role": "user", "content": "Another?"},
+                  {"role": "assistant", "content": second.output_text},
+                  {"role": "user", "content": "And a third?"}],
+    )  # fmt: skip
+    assert third.output_text == chat.choices[0].message.content
+    assert third.usage is not None and chat.usage is not None
+    assert third.usage.input_tokens == chat.usage.prompt_tokens
+    # Retrieved as answered; its own input items (not the earlier turns'), newest first.
+    got = client.responses.retrieve(third.id)
+    assert got.model_dump() == third.model_dump()
+    items = client.responses.input_items.list(second.id, order="asc")
+    assert [(i.type, i.role, i.content[0].text) for i in items.data] == [  # type: ignore[union-attr]
+        ("message", "user", "Another?")]  # fmt: skip
+    assert items.data[0].id.startswith("msg_")
+    client.responses.delete(second.id)
+    for call in (lambda: client.responses.retrieve(second.id),
+                 lambda: client.responses.delete(second.id)):  # fmt: skip
+        with pytest.raises(openai.NotFoundError):
+            call()
+    # Deleting a turn does not break the ones after it: each holds its conversation.
+    fourth = client.responses.create(input="More?", previous_response_id=third.id, **common)  # type: ignore[arg-type]
+    assert fourth.usage is not None and fourth.usage.input_tokens > third.usage.input_tokens
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(input="x", previous_response_id=second.id, **common)  # type: ignore[arg-type]
+    assert err.value.code == "previous_response_not_found"
+
+
+def test_store_false_is_not_kept(tiny_server: ServerProcess) -> None:
+    client = _client(tiny_server)
+    resp = client.responses.create(model="test-model", input="Hi", max_output_tokens=2,
+                                   store=False)  # fmt: skip
+    assert resp.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(resp.id)

@@ -1,17 +1,20 @@
 """POST /v1/responses: OpenAI's Responses API over the chat path, whole or as its typed events
-(response.created ... response.output_text.delta ... response.completed; no [DONE])."""
+(response.created ... response.output_text.delta ... response.completed; no [DONE]); and the
+stored responses: GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from surge.engine.output_processor import SequenceDelta
-from surge.server.errors import BadRequestError
+from surge.headers import RESPONSE_ID_HEADER
+from surge.server.errors import BadRequestError, NotFoundError
 from surge.server.openai_responses import (
     ResponsesRequest,
     call_item,
@@ -23,9 +26,11 @@ from surge.server.openai_responses import (
     usage_body,
 )
 from surge.server.protocol import ChatCompletionRequest
+from surge.server.response_store import StoredResponse
 from surge.server.routes.chat import ChatJob, start_chat
 from surge.server.serving import Job, run_to_completion, stream_response
-from surge.server.state import get_state
+from surge.server.state import ServerState, get_state
+from surge.server.tenancy import key_owner
 from surge.server.tool_parsers import ToolCallStream
 from surge.server.tools import ToolCall
 
@@ -35,8 +40,11 @@ router = APIRouter()
 @router.post("/v1/responses", response_model=None)
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     state = get_state(request)
+    owner = key_owner(request, state.config)
+    earlier = _previous(state, body.previous_response_id, owner)
+    items = body.input_items()
     try:
-        chat_body = ChatCompletionRequest.model_validate(body.chat_fields())
+        chat_body = ChatCompletionRequest.model_validate(body.chat_fields(items, earlier))
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
@@ -44,16 +52,90 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     chat = start_chat(state, chat_body, request, param="input")
     model = body.model or state.config.served_model_name
     rid, created = new_id("resp"), unix_now()
+    store = state.responses.enabled and body.store is not False
+    headers = {RESPONSE_ID_HEADER: rid} if store else {}
+
+    def save(response: dict[str, Any]) -> None:
+        if store:
+            context = [*(earlier or []), *items, *response["output"]]
+            state.responses.put(StoredResponse(response, items, context, owner))
+
     if body.stream:
-        return _ResponseStream(chat, body, model, rid, created).response()
+        stream = _ResponseStream(chat, body, model, rid, created, store, save).response()
+        stream.headers.update(headers)
+        return stream
     if not await run_to_completion(chat.job, request):
         return Response(status_code=499)
     choice = chat.job.choices[0]
     content, calls = chat.answer(choice.text)
     status = "incomplete" if choice.finish_reason == "length" else "completed"
     out = response_body(body, model, rid, created, status, output_items(content, calls),
-                        _usage(chat.job))  # fmt: skip
-    return JSONResponse(out)
+                        _usage(chat.job), store)  # fmt: skip
+    save(out)
+    return JSONResponse(out, headers=headers)
+
+
+def _previous(state: ServerState, response_id: str | None, owner: str) -> list[dict[str, Any]]:
+    """The conversation `previous_response_id` continues (its items through its output)."""
+    if response_id is None:
+        return []
+    if not state.responses.enabled:
+        raise BadRequestError("previous_response_id: this server stores no responses "
+                              "(--responses-store-max 0); send the conversation as input",
+                              param="previous_response_id")  # fmt: skip
+    entry = state.responses.get(response_id, owner)
+    if entry is None:
+        raise BadRequestError(f"Previous response with id '{response_id}' not found.",
+                              param="previous_response_id",
+                              code="previous_response_not_found")  # fmt: skip
+    return entry.context
+
+
+def _stored(request: Request, response_id: str) -> StoredResponse:
+    state = get_state(request)
+    entry = state.responses.get(response_id, key_owner(request, state.config))
+    if entry is None:
+        raise NotFoundError(f"Response with id '{response_id}' not found.",
+                            code="response_not_found")  # fmt: skip
+    return entry
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request) -> JSONResponse:
+    return JSONResponse(_stored(request, response_id).response,
+                        headers={RESPONSE_ID_HEADER: response_id})  # fmt: skip
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> JSONResponse:
+    state = get_state(request)
+    if not state.responses.delete(response_id, key_owner(request, state.config)):
+        raise NotFoundError(f"Response with id '{response_id}' not found.",
+                            code="response_not_found")  # fmt: skip
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    limit: int = Query(20, ge=1, le=100),
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> JSONResponse:
+    """One page of the request's input items, OpenAI's list shape (newest first by default)."""
+    items = _stored(request, response_id).input_items
+    items = items[::-1] if order == "desc" else items
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise BadRequestError(f"after: no input item {after!r} in this response",
+                                  param="after")  # fmt: skip
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
+    return JSONResponse({"object": "list", "data": page, "first_id": first, "last_id": last,
+                         "has_more": len(items) > limit})  # fmt: skip
 
 
 def _usage(job: Job) -> dict[str, Any]:
@@ -66,9 +148,17 @@ class _ResponseStream:
     item per call (arguments in pieces when the parser reads them as they are written)."""
 
     def __init__(
-        self, chat: ChatJob, body: ResponsesRequest, model: str, rid: str, created: int
+        self,
+        chat: ChatJob,
+        body: ResponsesRequest,
+        model: str,
+        rid: str,
+        created: int,
+        store: bool,
+        save: Callable[[dict[str, Any]], None],
     ) -> None:
         self.chat, self.body, self.model, self.rid, self.created = chat, body, model, rid, created
+        self.store, self.save = store, save  # save: given the finished response
         self.calls = ToolCallStream(chat.parser) if chat.parser is not None else None
         self.seq = 0
         self.items: list[dict[str, Any]] = []  # output items, completed or open
@@ -110,6 +200,7 @@ class _ResponseStream:
         if not self.items:  # nothing written: an empty message, as a whole answer has
             self.items.append(message_item(new_id("msg"), ""))
         done = self._body(self.status, _usage(self.chat.job))
+        self.save(done)
         return [self._event(f"response.{self.status}", response=done)]
 
     # -- items ------------------------------------------------------------------------------
@@ -196,7 +287,7 @@ class _ResponseStream:
     def _body(self, status: Any, usage: dict[str, Any] | None) -> dict[str, Any]:
         done = status != "in_progress"
         return response_body(self.body, self.model, self.rid, self.created, status,
-                             self.items if done else [], usage)  # fmt: skip
+                             self.items if done else [], usage, self.store)  # fmt: skip
 
     def _event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.seq, **fields}
