@@ -24,6 +24,7 @@ from surge.engine.config import (
 )
 from surge.observability.tracing import TracingConfig, endpoint_from_env
 from surge.server.config import ServerConfig
+from surge.server.reasoning import PARSERS as REASONING_PARSERS
 from surge.server.tool_parsers import PARSERS
 
 # torch.compile's graphs (--compile): inductor's own default cache is under /tmp, gone at
@@ -302,6 +303,13 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         help="that syntax (default: the one the chat template teaches, else hermes, which the "
         "system prompt then teaches)",
     )
+    t.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(REASONING_PARSERS),
+        help="read a reasoning model's <think>...</think> apart from its answer, as the "
+        "message's `reasoning` (qwen3: where the thinking is opened; deepseek_r1: from the start)",
+    )
     g.add_argument(
         "--responses-store-max",
         type=int,
@@ -382,6 +390,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         tool_call_parser=args.tool_call_parser,
         chat_template=_chat_template(args.chat_template),
         responses_store_max=args.responses_store_max,
+        reasoning_parser=args.reasoning_parser,
         api_niceness=args.api_niceness,
         embedding_model=args.embedding_model,
         embedding_model_name=args.embedding_model_name,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from surge.batching.config import BatcherConfig
 from surge.deadline import TIMEOUT_HEADER
 from surge.observability.tracing import TracingConfig
+from surge.server.reasoning import PARSERS as REASONING_PARSERS
 from surge.server.tool_parsers import PARSERS
 
 
@@ -52,6 +53,7 @@ class ServerConfig:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     chat_template: str | None = None  # Jinja text replacing the model's own
+    reasoning_parser: str | None = None  # "qwen3" | "deepseek_r1": thinking read apart
     # Responses API: how many responses to keep for previous_response_id and GET (an LRU in
     # the API process); 0 stores none.
     responses_store_max: int = 1000
@@ -76,5 +78,9 @@ class ServerConfig:
                              f"{self.tool_call_parser!r}")  # fmt: skip
         if self.responses_store_max < 0:
             raise ValueError(f"responses_store_max must be >= 0, got {self.responses_store_max}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            names = ", ".join(sorted(REASONING_PARSERS))
+            raise ValueError(f"reasoning_parser must be one of {names}, got "
+                             f"{self.reasoning_parser!r}")  # fmt: skip
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")

@@ -187,8 +187,17 @@ def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict[s
             "arguments": call.arguments, "status": status}  # fmt: skip
 
 
-def output_items(content: str | None, calls: list[ToolCall]) -> list[dict[str, Any]]:
-    items = [message_item(new_id("msg"), content or "")] if content or not calls else []
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}  # fmt: skip
+
+
+def output_items(
+    content: str | None, calls: list[ToolCall], reasoning: str | None = None
+) -> list[dict[str, Any]]:
+    items = [reasoning_item(new_id("rs"), reasoning)] if reasoning else []
+    if content or not calls:
+        items.append(message_item(new_id("msg"), content or ""))
     return items + [call_item(new_id("fc"), c) for c in calls]
 
 

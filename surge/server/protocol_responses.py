@@ -150,13 +150,15 @@ class ChatChoiceLogProbs(_Model):
 class ChatResponseMessage(_Model):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning: str | None = None  # --reasoning-parser: the thinking (vLLM's field)
     tool_calls: list[dict[str, Any]] | None = None
 
     @model_serializer(mode="wrap")
     def _omit_no_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         out: dict[str, Any] = handler(self)
-        if out.get("tool_calls") is None:
-            out.pop("tool_calls", None)  # absent, as OpenAI sends a plain answer
+        for key in ("tool_calls", "reasoning"):  # absent, as OpenAI sends a plain answer
+            if out.get(key) is None:
+                out.pop(key, None)
         return out
 
 
@@ -190,6 +192,7 @@ def _without_none(out: dict[str, Any], key: str) -> dict[str, Any]:
 class DeltaMessage(_Model):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
     @model_serializer(mode="wrap")

@@ -17,6 +17,8 @@ from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
 from surge.server.errors import BadRequestError, NotFoundError, RateLimitError, SurgeHTTPError
 from surge.server.rate_limit import RateLimiter
+from surge.server.reasoning import PARSERS as REASONING_PARSERS
+from surge.server.reasoning import ReasoningParser
 from surge.server.response_store import ResponseStore
 from surge.server.tool_parsers import PARSERS, ToolParser, parser_for_template
 from surge.server.tool_parsers.prompt import renders_tools
@@ -34,6 +36,7 @@ class ServerState:
     tracing: Tracing = field(default_factory=Tracing.off)
     tool_parser: type[ToolParser] | None = None  # None: tool_choice "auto" is refused
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(0))
+    reasoning: ReasoningParser | None = None  # --reasoning-parser
 
     @classmethod
     def create(
@@ -59,6 +62,7 @@ class ServerState:
             tracing=tracing or Tracing.off(),
             tool_parser=_tool_parser(config, client.tokenizer.chat_template),
             responses=ResponseStore(config.responses_store_max),
+            reasoning=REASONING_PARSERS.get(config.reasoning_parser or ""),
         )
 
     @property

@@ -20,6 +20,8 @@ from surge.server.protocol_responses import (
     DeltaMessage,
     new_chat_completion_id,
 )
+from surge.server.reasoning import START as THINK_START
+from surge.server.reasoning import ReasoningParser, ReasoningStream
 from surge.server.routes.logprobs import chat_logprobs, prompt_logprobs_field
 from surge.server.serving import (
     Job,
@@ -66,11 +68,6 @@ def render_text(state: ServerState, body: ChatCompletionRequest | TokenizeReques
     return text
 
 
-def render_prompt(state: ServerState, body: ChatCompletionRequest) -> list[int]:
-    # The template writes any BOS itself: don't add special tokens again.
-    return state.tokenizer.encode(render_text(state, body), add_special_tokens=False)
-
-
 @dataclass(frozen=True, slots=True)
 class ChatJob:
     """An admitted chat request, and how its text is read back (tool calls)."""
@@ -79,10 +76,26 @@ class ChatJob:
     prompt: list[int]
     plan: ToolPlan | None  # tool_choice "required" or a named function: a constraint
     parser: ToolParser | None  # tool_choice "auto" with a parser: calls read from the text
+    thinking: ReasoningParser | None = None  # --reasoning-parser: thinking read apart
+    prompt_opens: bool = False  # the prompt ends in <think>: the model starts thinking
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        """A finished text's reasoning (None without any) and the rest."""
+        if self.thinking is None:
+            return None, text
+        reasoning, rest = self.thinking.split(text, True, self.prompt_opens)
+        return reasoning or None, rest
 
     def answer(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """The content and tool calls of a finished text (after any reasoning)."""
+        _, text = self.split(text)
         reader = self.plan or self.parser
         return (text, []) if reader is None else reader.answer(text)
+
+    def reasoning_streams(self) -> list[ReasoningStream] | None:
+        if self.thinking is None:
+            return None
+        return [ReasoningStream(self.thinking, self.prompt_opens) for _ in self.job.choices]
 
 
 def start_chat(
@@ -90,7 +103,9 @@ def start_chat(
 ) -> ChatJob:
     """Render, check and admit a chat request (also what /v1/responses runs)."""
     lora_name = state.check_model(body.model)
-    prompt = render_prompt(state, body)
+    text = render_text(state, body)
+    # The template writes any BOS itself: don't add special tokens again.
+    prompt = state.tokenizer.encode(text, add_special_tokens=False)
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
@@ -104,34 +119,32 @@ def start_chat(
         priority=body.priority if "priority" in body.model_fields_set else None,
         cache_salt=body.cache_salt, operation="chat", lora_name=lora_name,
     )  # fmt: skip
-    return ChatJob(job, prompt, plan, _auto_parser(state, body))
+    opens = state.reasoning is not None and text.rstrip().endswith(THINK_START)
+    return ChatJob(job, prompt, plan, _auto_parser(state, body), state.reasoning, opens)
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state = get_state(request)
     chat = start_chat(state, body, request)
-    job, prompt, plan, parser, params = (
-        chat.job,
-        chat.prompt,
-        chat.plan,
-        chat.parser,
-        chat.job.params,
-    )
+    job, prompt, params = chat.job, chat.prompt, chat.job.params
     model = body.model or state.config.served_model_name
     if body.stream:
-        return _stream(job, body, model, plan, parser)
+        return _stream(chat, body, model)
     if not await run_to_completion(job, request):
         return Response(status_code=499)
     tok = state.tokenizer
     choices = []
     for i, c in enumerate(job.choices):
         logprobs = chat_logprobs(tok, c.logprobs) if params.logprobs is not None else None
-        message, finish_reason = ChatResponseMessage(content=c.text), c.finish_reason
+        reasoning, rest = chat.split(c.text)
+        message = ChatResponseMessage(content=rest, reasoning=reasoning)
+        finish_reason = c.finish_reason
         content, calls = chat.answer(c.text)
         if calls:
             tool_calls = [t.to_openai() for t in calls]
-            message = ChatResponseMessage(content=content, tool_calls=tool_calls)
+            message = ChatResponseMessage(content=content, reasoning=reasoning,
+                                          tool_calls=tool_calls)  # fmt: skip
             finish_reason = tool_calls_finish_reason(c.finish_reason)
         choices.append(
             ChatCompletionChoice(
@@ -153,10 +166,8 @@ def _auto_parser(state: ServerState, body: ChatCompletionRequest) -> ToolParser 
     return state.tool_parser([t.function.name for t in body.tools or ()])
 
 
-def _stream(
-    job: Job, body: ChatCompletionRequest, model: str, plan: ToolPlan | None,
-    parser: ToolParser | None,
-) -> Response:  # fmt: skip
+def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
+    job, plan, parser = chat.job, chat.plan, chat.parser
     cid = new_chat_completion_id()
     include_usage = body.include_usage
     tok = job.state.tokenizer
@@ -166,6 +177,7 @@ def _stream(
     call_ids = [new_call_id() for _ in job.choices]
     streams_arguments = plan is not None and plan.named is not None
     calls = None if parser is None else [ToolCallStream(parser) for _ in job.choices]
+    thinking = chat.reasoning_streams()
 
     def chunk(choices: list[ChatCompletionStreamChoice]) -> str:
         return ChatCompletionStreamResponse(id=cid, model=model, choices=choices).to_sse(
@@ -191,14 +203,20 @@ def _stream(
             if want_logprobs and d.logprobs is not None:
                 triples = delta_triples(d)
                 logprobs = chat_logprobs(tok, triples)
+            text, fresh, thought = job.choices[i].text, d.text, ""
+            if thinking is not None:  # the reasoning apart; the rest is what follows
+                thought, fresh = thinking[i].update(text, d.finish_reason is not None)
+                text = thinking[i].content
             if calls is not None:
-                content, pieces = calls[i].update(job.choices[i].text, d.finish_reason is not None)
-                if content or pieces or logprobs is not None:
-                    delta = DeltaMessage(content=content or None, tool_calls=pieces or None)
+                content, pieces = calls[i].update(text, d.finish_reason is not None)
+                if content or pieces or thought or logprobs is not None:
+                    delta = DeltaMessage(reasoning=thought or None, content=content or None,
+                                         tool_calls=pieces or None)  # fmt: skip
                     choice = ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs)
                     out.append(chunk([choice]))
-            elif plan is None and (d.text or logprobs is not None):
-                delta = DeltaMessage(content=d.text)
+            elif plan is None and (fresh or thought or logprobs is not None):
+                said = fresh if thinking is None else fresh or None
+                delta = DeltaMessage(reasoning=thought or None, content=said)
                 out.append(
                     chunk([ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs)])
                 )

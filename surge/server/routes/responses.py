@@ -21,6 +21,7 @@ from surge.server.openai_responses import (
     message_item,
     new_id,
     output_items,
+    reasoning_item,
     response_body,
     unix_now,
     usage_body,
@@ -68,9 +69,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         return Response(status_code=499)
     choice = chat.job.choices[0]
     content, calls = chat.answer(choice.text)
+    reasoning, _ = chat.split(choice.text)
     status = "incomplete" if choice.finish_reason == "length" else "completed"
-    out = response_body(body, model, rid, created, status, output_items(content, calls),
-                        _usage(chat.job), store)  # fmt: skip
+    output = output_items(content, calls, reasoning)
+    out = response_body(body, model, rid, created, status, output, _usage(chat.job), store)
     save(out)
     return JSONResponse(out, headers=headers)
 
@@ -160,6 +162,9 @@ class _ResponseStream:
         self.chat, self.body, self.model, self.rid, self.created = chat, body, model, rid, created
         self.store, self.save = store, save  # save: given the finished response
         self.calls = ToolCallStream(chat.parser) if chat.parser is not None else None
+        streams = chat.reasoning_streams()
+        self.thinking = streams[0] if streams else None
+        self.thought: int | None = None  # the open reasoning item's output index
         self.seq = 0
         self.items: list[dict[str, Any]] = []  # output items, completed or open
         self.message: int | None = None  # the open message's output index (None: none open)
@@ -179,25 +184,33 @@ class _ResponseStream:
         out: list[str] = []
         for _, d in deltas:
             final = d.finish_reason is not None
+            text, fresh = self.chat.job.choices[0].text, d.text
+            if self.thinking is not None:
+                thought, fresh = self.thinking.update(text, final)
+                text = self.thinking.content
+                out += self._reasoning(thought) if thought else []
+                if fresh or final or (self.calls is not None and text):
+                    out += self._close_reasoning()
             if self.chat.plan is not None:  # a forced call: whole at the end
                 if final:
                     content, calls = self.chat.answer(self.chat.job.choices[0].text)
                     out += self._text(content or "") if content else []
                     out += self._whole_calls(calls)
             elif self.calls is not None:
-                content, pieces = self.calls.update(self.chat.job.choices[0].text, final)
+                content, pieces = self.calls.update(text, final)
                 out += self._text(content) if content else []
                 for piece in pieces:
                     out += self._call_piece(piece)
-            elif d.text:
-                out += self._text(d.text)
+            elif fresh:
+                out += self._text(fresh)
             if final:
                 self.status = "incomplete" if d.finish_reason == "length" else "completed"
                 out += self._close_message() + self._close_calls()
         return out
 
     def _last(self) -> list[str]:
-        if not self.items:  # nothing written: an empty message, as a whole answer has
+        if all(item["type"] == "reasoning" for item in self.items):
+            # no answer written: an empty message, as a whole answer has
             self.items.append(message_item(new_id("msg"), ""))
         done = self._body(self.status, _usage(self.chat.job))
         self.save(done)
@@ -223,6 +236,32 @@ class _ResponseStream:
                                output_index=index, content_index=0, delta=delta,
                                logprobs=[]))  # fmt: skip
         return out
+
+    def _reasoning(self, delta: str) -> list[str]:
+        out = []
+        if self.thought is None:
+            self.items.append(reasoning_item(new_id("rs"), "", status="in_progress"))
+            self.thought = self._index
+            out.append(self._event("response.output_item.added", output_index=self._index,
+                                   item=self.items[-1]))  # fmt: skip
+        item = self.items[self.thought]
+        item["content"][0]["text"] += delta
+        out.append(self._event("response.reasoning_text.delta", item_id=item["id"],
+                               output_index=self.thought, content_index=0,
+                               delta=delta))  # fmt: skip
+        return out
+
+    def _close_reasoning(self) -> list[str]:
+        index, self.thought = self.thought, None
+        if index is None:
+            return []
+        item = self.items[index] = {**self.items[index], "status": "completed"}
+        text = item["content"][0]["text"]
+        return [
+            self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                        content_index=0, text=text),
+            self._event("response.output_item.done", output_index=index, item=item),
+        ]  # fmt: skip
 
     def _close_message(self) -> list[str]:
         index = self.message
