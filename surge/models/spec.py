@@ -11,13 +11,14 @@ import numpy as np
 
 from surge.models.gguf_file import GGUFSource
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
 
 _HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
 }
 _HF_MODEL_TYPES = {"gemma3_text": "gemma3"}
@@ -52,7 +53,7 @@ class RopeScaling:
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    architecture: str  # "llama" | "mistral" | "qwen2"
+    architecture: str  # one of SUPPORTED_ARCHITECTURES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -109,7 +110,7 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelSpec:
-        """Spec from a transformers config.json (Llama, Mistral or Qwen2 causal LM)."""
+        """Spec from a transformers config.json (Llama, Mistral, Qwen2/3 or Gemma 3 causal LM)."""
         arch = _hf_architecture(cfg)
         if arch == "gemma3":
             return _gemma3_from_hf(cfg)
@@ -120,8 +121,8 @@ class ModelSpec:
         theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
         scaling = cfg.get("rope_scaling") or rope_params
         sliding = cfg.get("sliding_window")
-        if arch == "qwen2" and not cfg.get("use_sliding_window", False):
-            sliding = None  # Qwen2 configs carry a window they do not use
+        if arch in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+            sliding = None  # Qwen configs carry a window they do not use
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -138,16 +139,17 @@ class ModelSpec:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
             sliding_window=int(sliding) if sliding else None,
+            qk_norm=arch == "qwen3",  # Qwen3: RMSNorm on each head's q and k before RoPE
         )
 
     @classmethod
     def from_gguf(cls, reader: GGUFSource) -> ModelSpec:
         """Spec from GGUF metadata ("{arch}.*" keys) and the tensors the file holds."""
         arch = str(_field(reader, "general.architecture"))
-        if arch not in ("llama", "qwen2", "gemma3"):
+        if arch not in ("llama", "qwen2", "qwen3", "gemma3"):
             raise ValueError(
                 f"unsupported GGUF architecture {arch!r}; supported: llama (incl. Mistral), "
-                "qwen2, gemma3"
+                "qwen2, qwen3, gemma3"
             )
         tensors = {t.name: t for t in reader.tensors}
 
@@ -168,7 +170,7 @@ class ModelSpec:
         spec_arch = "mistral" if arch == "llama" and "mistral" in name else arch
         rope_freqs = tensors.get("rope_freqs.weight")
         sliding = key("attention.sliding_window")
-        gemma: dict[str, Any] = {}
+        gemma: dict[str, Any] = {"qk_norm": "blk.0.attn_q_norm.weight" in tensors}
         if arch == "gemma3":
             layers = int(key("block_count"))
             gemma = _gemma3_extras(

@@ -98,10 +98,14 @@ def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True) -> dict[
         for gguf_name, hf_name, shape, qtype in LAYER_TENSORS:
             if ".bias" in gguf_name and arch != "qwen2":
                 continue
-            # llama.cpp permutes q/k rows of llama models only (Qwen2 uses NeoX RoPE).
+            # llama.cpp permutes q/k rows of llama models only (Qwen2/3 use NeoX RoPE).
             heads = {"attn_q.weight": HEADS, "attn_k.weight": KV_HEADS}.get(gguf_name, 0)
             permute = heads if arch == "llama" else 0
             add(f"blk.{i}.{gguf_name}", f"model.layers.{i}.{hf_name}", shape, qtype, permute)
+        if arch == "qwen3":  # per-head q/k RMSNorm
+            for x in ("q", "k"):
+                hf_name = f"model.layers.{i}.self_attn.{x}_norm.weight"
+                add(f"blk.{i}.attn_{x}_norm.weight", hf_name, (HEAD_DIM,), Q.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -118,7 +122,9 @@ def tolerance(name: str) -> float:
     return next((tol for key, tol in TOLERANCE.items() if key in name), 0.0)
 
 
-@pytest.mark.parametrize(("arch", "tied"), [("llama", True), ("llama", False), ("qwen2", True)])
+@pytest.mark.parametrize(
+    ("arch", "tied"), [("llama", True), ("llama", False), ("qwen2", True), ("qwen3", True)]
+)
 def test_tiny_gguf_round_trip(tmp_path: Path, arch: str, tied: bool) -> None:
     path = tmp_path / "tiny.gguf"
     expected = write_tiny_gguf(path, arch, tied)
@@ -134,6 +140,7 @@ def test_tiny_gguf_round_trip(tmp_path: Path, arch: str, tied: bool) -> None:
     )
     assert spec.tie_word_embeddings is tied
     assert spec.attention_bias is (arch == "qwen2")
+    assert spec.qk_norm is (arch == "qwen3")
     weights = dict(model.weights())
     assert set(weights) == set(expected)
     for name, value in expected.items():

@@ -57,15 +57,13 @@ def test_chat_and_responses_carry_the_reasoning_apart(tiny_server: ServerProcess
     assert "".join(getattr(d, "reasoning", None) or "" for d in deltas) == thought
     assert "".join(d.content or "" for d in deltas) == answer
     # The Responses API: a reasoning item, then the message.
-    resp = client.responses.create(model="test-model", input="Think first.", max_output_tokens=60,
-                                   temperature=0.0,
-                                   extra_body={"structured_outputs": {"regex": THINK}})  # fmt: skip
+    same = {"model": "test-model", "input": "Think first.", "max_output_tokens": 60,
+            "temperature": 0.0, "extra_body": {"structured_outputs": {"regex": THINK}}}  # fmt: skip
+    resp = client.responses.create(**same)  # type: ignore[call-overload]
     assert [o.type for o in resp.output] == ["reasoning", "message"]
     assert resp.output[0].content[0].text == thought  # type: ignore[union-attr,index]
     assert resp.output_text == answer
-    events = list(client.responses.create(model="test-model", input="Think first.",
-                                          max_output_tokens=60, temperature=0.0, stream=True,
-                                          extra_body={"structured_outputs": {"regex": THINK}}))  # fmt: skip
+    events = list(client.responses.create(**same, stream=True))  # type: ignore[call-overload]
     pieces = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     final = events[-1].response  # type: ignore[union-attr]
     assert pieces == thought and [o.type for o in final.output] == ["reasoning", "message"]

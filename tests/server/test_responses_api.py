@@ -115,13 +115,17 @@ def test_previous_response_id_continues_the_stored_conversation(
     first = client.responses.create(input="Name a color.", **common)  # type: ignore[arg-type]
     assert first.store is True
     # Streamed, and continuing the first: stored when it ends, as a whole one is.
-    events = list(client.responses.create(input=[{"role": "user", "content": "Another?"}],
-                                          previous_response_id=first.id, stream=True,
-                                          **common))  # type: ignore[call-overload]
+    events = list(
+        client.responses.create(
+            input=[{"role": "user", "content": "Another?"}],
+            previous_response_id=first.id,
+            stream=True,
+            **common,
+        )
+    )  # type: ignore[call-overload]
     second = events[-1].response  # type: ignore[union-attr]
     assert second.previous_response_id == first.id
-    third = client.responses.create(input="And a third?", previous_response_id=second.id,
-                                    **common)  # type: ignore[arg-type]
+    third = client.responses.create(input="And a third?", previous_response_id=second.id, **common)  # type: ignore[arg-type]
     # The same prompt and greedy answer as the whole conversation sent as chat messages.
     chat = client.chat.completions.create(
         model="test-model", max_tokens=6, temperature=0.0,

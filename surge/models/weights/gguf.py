@@ -48,7 +48,9 @@ def hf_name(gguf_name: str) -> str:
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_RE.fullmatch(gguf_name)
     if match is None or match.group(2) not in _LAYER_NAMES:
-        raise ValueError(f"unsupported GGUF tensor {gguf_name!r} (not a llama/qwen2/gemma3 weight)")
+        raise ValueError(
+            f"unsupported GGUF tensor {gguf_name!r} (not a llama/qwen2/qwen3/gemma3 weight)"
+        )
     return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
 
 
