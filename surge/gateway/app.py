@@ -161,7 +161,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
 
     @app.api_route("/{name:path}", methods=["GET", "POST"], response_model=None)
     async def server_extras(request: Request, name: str) -> Response:
-        if name not in ("tokenize", "detokenize", "version"):
+        if name not in ("tokenize", "detokenize", "version", "score", "rerank", "v2/rerank"):
             raise NotFound(f"Not found: /{name}")
         return await _proxy(state, request, "/other", generation=False)
 

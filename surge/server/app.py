@@ -10,7 +10,7 @@ from surge.server.middleware import (
     ArrivalTimeMiddleware,
     BodySizeLimitMiddleware,
 )
-from surge.server.routes import chat, completions, embeddings, lora, misc, responses
+from surge.server.routes import chat, completions, embeddings, lora, misc, responses, scoring
 from surge.server.state import ServerState
 
 
@@ -21,6 +21,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(completions.router)
     app.include_router(chat.router)
     app.include_router(embeddings.router)
+    app.include_router(scoring.router)
     app.include_router(misc.router)
     app.include_router(lora.router)
     app.include_router(responses.router)

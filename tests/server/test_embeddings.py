@@ -162,6 +162,48 @@ def test_a_server_without_an_embedding_model_says_how_to_get_one(
     assert "--embedding-model" in r.json()["error"]["message"]
 
 
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_score_and_rerank_are_the_cosine_of_the_vectors(
+    server: ServerProcess, offline: EmbeddingModel
+) -> None:
+    query = "How do I feed a baby?"
+    docs = ["The girl is carrying a baby.", "A man is eating food.", "Tax forms are due.",
+            "A man is eating food."]  # fmt: skip
+    vec = {t: np.array(offline.embed([offline.tokenize(t)])[0]) for t in [query, *docs]}
+    expected = [_cosine(vec[query], vec[d]) for d in docs]
+    r = httpx.post(server.url + "/v1/score", json={"model": NAME, "text_1": query,
+                                                   "text_2": docs}, timeout=30)  # fmt: skip
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert [d["index"] for d in got["data"]] == [0, 1, 2, 3] and got["model"] == NAME
+    np.testing.assert_allclose([d["score"] for d in got["data"]], expected, atol=1e-5)
+    # Distinct texts are embedded once: the query and three documents.
+    assert got["usage"]["prompt_tokens"] == sum(len(offline.tokenize(t)) for t in vec)
+    pairwise = httpx.post(server.url + "/score", json={"text_1": docs[:2], "text_2": docs[1:3]},
+                          timeout=30).json()  # fmt: skip
+    np.testing.assert_allclose([d["score"] for d in pairwise["data"]],
+                               [_cosine(vec[docs[0]], vec[docs[1]]),
+                                _cosine(vec[docs[1]], vec[docs[2]])], atol=1e-5)  # fmt: skip
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        ranked = httpx.post(server.url + path, json={"model": NAME, "query": query,
+                                                     "documents": docs, "top_n": 2},
+                            timeout=30).json()  # fmt: skip
+        best = sorted(range(len(docs)), key=lambda i: -expected[i])[:2]
+        assert [x["index"] for x in ranked["results"]] == best
+        assert ranked["results"][0]["document"]["text"] == docs[best[0]]
+        np.testing.assert_allclose([x["relevance_score"] for x in ranked["results"]],
+                                   [expected[i] for i in best], atol=1e-5)  # fmt: skip
+    bad = httpx.post(server.url + "/v1/score", json={"text_1": docs[:2], "text_2": docs[:3]},
+                     timeout=30)  # fmt: skip
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "text_1"
+    empty = httpx.post(server.url + "/v1/rerank", json={"query": query, "documents": []},
+                       timeout=30)  # fmt: skip
+    assert empty.status_code == 400 and empty.json()["error"]["param"] == "documents"
+
+
 def test_embeddings_pass_through_the_gateway(server: ServerProcess) -> None:
     from tests.gateway.processes import GatewayProcess
 
@@ -177,6 +219,10 @@ def test_embeddings_pass_through_the_gateway(server: ServerProcess) -> None:
         )
         bad = httpx.post(gateway.url + "/v1/embeddings", json={"model": NAME, "input": ""})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "input"
+        for path in ("/rerank", "/v1/rerank"):
+            ranked = httpx.post(gateway.url + path, json={"query": "a", "documents": ["a", "b"]},
+                                timeout=30)  # fmt: skip
+            assert [x["index"] for x in ranked.json()["results"]] == [0, 1]
     finally:
         gateway.stop()
 

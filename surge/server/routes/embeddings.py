@@ -26,16 +26,7 @@ router = APIRouter()
 
 @router.post("/v1/embeddings")
 async def create_embedding(body: EmbeddingRequest, request: Request) -> Response:
-    state = get_state(request)
-    service = state.embeddings
-    if service is None:
-        raise NotFoundError(
-            "this server serves no embedding model; start it with "
-            "--embedding-model all-minilm-l6-v2 (or a sentence-transformers folder)",
-            code="model_not_found",
-        )
-    if body.model is not None and body.model != service.name:
-        raise NotFoundError.model_not_found(body.model)
+    service = embedding_service(request, body.model)
     if body.dimensions is not None and body.dimensions != service.model.dim:
         raise BadRequestError(
             f"dimensions: this model's vectors have {service.model.dim} dimensions and it was "
@@ -49,15 +40,43 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
         )
     token_ids = service.prepare(inputs, body.truncate_prompt_tokens)
     num_tokens = sum(len(ids) for ids in token_ids)
+    vectors = await embed_request(request, service, token_ids)
+    if vectors is None:
+        return Response(status_code=499)
+    return JSONResponse(embedding_response(vectors, service.name, body.encoding_format,
+                                           num_tokens))  # fmt: skip
+
+
+def embedding_service(request: Request, model: str | None) -> EmbeddingService:
+    """The served embedding model, or a 404 (none served, or another name asked for)."""
+    service = get_state(request).embeddings
+    if service is None:
+        raise NotFoundError(
+            "this server serves no embedding model; start it with "
+            "--embedding-model all-minilm-l6-v2 (or a sentence-transformers folder)",
+            code="model_not_found",
+        )
+    if model is not None and model != service.name:
+        raise NotFoundError.model_not_found(model)
+    return service
+
+
+async def embed_request(
+    request: Request, service: EmbeddingService, token_ids: list[list[int]]
+) -> list[list[float]] | None:
+    """The vectors of one request's inputs through the shared batcher, under its rate limits,
+    timeout and span; None when the client went away first."""
+    state = get_state(request)
+    num_tokens = sum(len(ids) for ids in token_ids)
     arrival_s = getattr(request.state, "arrival_s", time.monotonic())
     error: str | None = None
     try:
-        return await _embed(request, service, token_ids, num_tokens, body.encoding_format)
+        return await _embed(request, service, token_ids, num_tokens)
     except SurgeHTTPError as e:
         error = str(e.code or e.type)
         raise
     finally:
-        record_embedding_span(state, request.headers, arrival_s, service.name, len(inputs),
+        record_embedding_span(state, request.headers, arrival_s, service.name, len(token_ids),
                               num_tokens, error)  # fmt: skip
 
 
@@ -66,8 +85,7 @@ async def _embed(
     service: EmbeddingService,
     token_ids: list[list[int]],
     num_tokens: int,
-    encoding_format: str,
-) -> Response:
+) -> list[list[float]] | None:
     state = get_state(request)
     timeout_s = request_timeout_s(request, state.config)
     state.check_embedding_request(client_key(request), num_tokens)
@@ -85,11 +103,10 @@ async def _embed(
             work.cancel()  # its inputs still waiting leave the batcher's queue
     if not work.done() or work.cancelled():
         state.metrics.observe_abort("client_disconnect")
-        return Response(status_code=499)
+        return None
     exc = work.exception()
     if isinstance(exc, RateLimitError):
         state.metrics.observe_rejection(str(exc.code))
     if exc is not None:
         raise exc
-    vectors = work.result()
-    return JSONResponse(embedding_response(vectors, service.name, encoding_format, num_tokens))
+    return work.result()
