@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# A reasoning model's thinking before the constrained answer: "" none, "optional" a
+# `<think>` ... `</think>` it may write first (Qwen3), "first" thinking it is already in, up to
+# `</think>` (DeepSeek-R1; a template that opened it). Free text up to the tag, then the grammar.
+THINKING = ("", "optional", "first")
 # JSON as json.dumps writes it: free whitespace lets a model (a small one readily) pad its answer
 # with newlines and spaces until max_tokens, which a user sees as a hang and truncated JSON. A
 # schema's own "x-guidance" options still take precedence over these.
@@ -28,10 +32,13 @@ class StructuredOutput:
 
     kind: str
     spec: str = ""
+    thinking: str = ""  # one of THINKING
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"structured output kind must be one of {KINDS}, got {self.kind!r}")
+        if self.thinking not in THINKING:
+            raise ValueError(f"thinking must be one of {THINKING}, got {self.thinking!r}")
         if len(self.spec) > MAX_SPEC_CHARS:
             raise ValueError(f"structured output spec is over {MAX_SPEC_CHARS} characters")
 
@@ -69,6 +76,8 @@ class StructuredOutput:
                 grammar = matcher.grammar_from_lark(self.spec)
         except ValueError as e:
             raise ValueError(f"{self.what()} is not valid: {e}") from None
+        if self.thinking:
+            grammar = _after_thinking(grammar, self.thinking == "first")
         error = matcher.validate_grammar(grammar) if validate else ""
         if error:
             raise ValueError(f"{self.what()} is not valid: {error.strip()}")
@@ -83,3 +92,22 @@ class StructuredOutput:
             "choice": "the choices",
             "grammar": "the grammar",
         }[self.kind]
+
+
+def _after_thinking(grammar: str, first: bool) -> str:
+    """`grammar` (llguidance's JSON, or Lark text) after free thinking that ends at `</think>`
+    (and the whitespace after it); `first`: the text starts inside the thinking, else it may
+    open with `<think>` or answer at once."""
+    try:
+        top = json.loads(grammar)
+    except ValueError:
+        top = {"grammars": [{"lark_grammar": grammar}]}
+    top["grammars"][0]["name"] = "answer"
+    opener = "" if first else '"<think>" '
+    lark = (
+        ("start: think @answer\n" if first else "start: think? @answer\n")
+        + f"think: {opener}thought /[ \\t\\r\\n]*/\n"
+        + 'thought[stop="</think>"]: /(.|\\n)*/\n'
+    )
+    top["grammars"].insert(0, {"name": "thinking", "lark_grammar": lark})
+    return json.dumps(top)

@@ -103,7 +103,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf_path: 
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
     """One `surge serve` of the tiny model for the whole session (server and gateway tests)."""
-    server = ServerProcess(tiny_model_dir, "--dtype", "float32", "--enable-auto-tool-choice",
-                           "--reasoning-parser", "qwen3")  # fmt: skip
+    server = ServerProcess(tiny_model_dir, "--dtype", "float32", "--enable-auto-tool-choice")
     yield server
     server.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,41 @@ def test_a_bad_grammar_is_refused(llm: LLM) -> None:
         StructuredOutput("xml", "")
     with pytest.raises(ValueError):
         StructuredOutput.choice([])
+
+
+def test_a_reasoning_model_thinks_before_the_constraint(llm: LLM) -> None:
+    """thinking="optional" (Qwen3): free text inside <think>...</think> first, or the answer at
+    once; "first" (DeepSeek-R1): the text starts inside the thinking. Either way the grammar
+    holds from `</think>` on."""
+    compiler = llm.engine.grammars
+    json_answer = StructuredOutput.json_schema({"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"], "additionalProperties": False})  # fmt: skip
+    cases = {
+        "optional": {"<think>\nIt is {a: 5}?</think>\n\n{\"a\": 5}": True,
+                     '{"a": 5}': True, "hmm</think>\n{\"a\": 5}": False,
+                     "<think>x</think>{}": False},
+        "first": {"<think>hmm</think>\n{\"a\": 5}": True, "hmm</think>\n{\"a\": 5}": True,
+                  '{"a": 5}': False},
+    }  # fmt: skip
+    for thinking, texts in cases.items():
+        structured = replace(json_answer, thinking=thinking)
+        structured.grammar()  # valid
+        for text, accepted in texts.items():
+            m = compiler.matcher(structured)
+            ids = llm.tokenizer.encode(text, add_special_tokens=False)
+            ok = all(m.consume_token(t) for t in ids) and m.is_accepting()
+            assert ok is accepted, (thinking, text)
+    # In the engine: whatever the tiny model does first, the answer after any thinking is JSON.
+    params = SamplingParams(temperature=1.0, max_tokens=120, seed=3,
+                            structured=replace(json_answer, thinking="optional"))  # fmt: skip
+    finished = 0
+    for out in llm.generate(PROMPTS, params, use_tqdm=False):
+        text = out.outputs[0].text
+        if out.outputs[0].finish_reason == "stop":  # not cut by max_tokens while thinking
+            answer = text.split("</think>", 1)[1] if text.startswith("<think>") else text
+            assert isinstance(json.loads(answer.strip())["a"], int), text
+            finished += 1
+    assert finished >= 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

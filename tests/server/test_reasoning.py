@@ -1,9 +1,13 @@
 """--reasoning-parser: a reasoning model's <think>...</think> read apart from its answer, whole
 and streamed (the same split either way, however the text is cut), through chat and the
-Responses API; on the tiny model's server (qwen3 parser), its output held to a thinking shape
-by a regex."""
+Responses API; on a tiny model's server (qwen3 parser), its output held to a thinking shape by a
+regex; a JSON constraint holds after any thinking."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -39,11 +43,18 @@ def test_what_each_parser_reads() -> None:
     assert qwen3.split("<thi", False) == ("", "")  # maybe a tag: held back until known
 
 
+@pytest.fixture(scope="module")
+def thinking_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(tiny_model_dir, "--dtype", "float32", "--reasoning-parser", "qwen3")
+    yield server
+    server.stop()
+
+
 THINK = r"<think>[a-z]{2,6}( [a-z]{2,6}){1,3}</think>\n\n[a-z]{2,6}( [a-z]{2,6}){0,2}"
 
 
-def test_chat_and_responses_carry_the_reasoning_apart(tiny_server: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="none", max_retries=0)
+def test_chat_and_responses_carry_the_reasoning_apart(thinking_server: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=thinking_server.url + "/v1", api_key="none", max_retries=0)
     ask = {"model": "test-model", "messages": [{"role": "user", "content": "Think first."}],
            "max_tokens": 60, "temperature": 0.0,
            "extra_body": {"structured_outputs": {"regex": THINK}}}  # fmt: skip
@@ -68,3 +79,18 @@ def test_chat_and_responses_carry_the_reasoning_apart(tiny_server: ServerProcess
     final = events[-1].response  # type: ignore[union-attr]
     assert pieces == thought and [o.type for o in final.output] == ["reasoning", "message"]
     assert final.output_text == answer
+
+
+def test_a_json_answer_holds_after_any_thinking(thinking_server: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=thinking_server.url + "/v1", api_key="none", max_retries=0)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}  # fmt: skip
+    resp = client.chat.completions.create(
+        model="test-model", messages=[{"role": "user", "content": "A number?"}], n=6,
+        max_tokens=60, temperature=1.0, seed=5,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+    )  # fmt: skip
+    done = [c for c in resp.choices if c.finish_reason == "stop"]
+    assert done
+    for c in done:  # the thinking (if any) apart, the content is the schema's JSON
+        assert isinstance(json.loads(c.message.content or "")["n"], int), c.message

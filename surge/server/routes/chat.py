@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -20,6 +20,7 @@ from surge.server.protocol_responses import (
     DeltaMessage,
     new_chat_completion_id,
 )
+from surge.server.reasoning import END as THINK_END
 from surge.server.reasoning import START as THINK_START
 from surge.server.reasoning import ReasoningParser, ReasoningStream
 from surge.server.routes.logprobs import chat_logprobs, prompt_logprobs_field
@@ -114,12 +115,21 @@ def start_chat(
     default = room if state.config.default_max_tokens is None else state.config.default_max_tokens
     plan = body.tool_plan(auto_tools=state.tool_parser is not None)
     params = body.to_sampling_params(default_max_tokens=min(default, room), plan=plan)
+    opens = state.reasoning is not None and text.rstrip().endswith(THINK_START)
+    if state.reasoning is not None and (structured := params.structured) is not None:
+        # A reasoning model thinks first: the constraint holds from its `</think>` on. Not
+        # where the prompt closed the thinking already (Qwen3's enable_thinking: false), nor
+        # where the constraint writes `</think>` itself (it shapes the thinking too).
+        closed = text.rstrip().endswith(THINK_END) or THINK_END in structured.spec
+        if not closed:
+            first = state.reasoning.thinks_first or opens
+            thinking = replace(structured, thinking="first" if first else "optional")
+            params = replace(params, structured=thinking)
     job = start_job(
         state, request, [prompt], params, request_id=body.request_id, user=body.user,
         priority=body.priority if "priority" in body.model_fields_set else None,
         cache_salt=body.cache_salt, operation="chat", lora_name=lora_name,
     )  # fmt: skip
-    opens = state.reasoning is not None and text.rstrip().endswith(THINK_START)
     return ChatJob(job, prompt, plan, _auto_parser(state, body), state.reasoning, opens)
 
 
