@@ -41,6 +41,7 @@ from surge.gateway.metrics import GatewayMetrics
 from surge.gateway.prefix_affinity import route_key
 from surge.gateway.proxy import Proxy, ProxyRequest, forward_headers
 from surge.gateway.response_owners import ResponseOwners
+from surge.gateway.resume import StreamResume
 from surge.gateway.streaming import RelayStream
 from surge.gateway.upstreams import (
     FALLBACK,
@@ -355,6 +356,8 @@ async def _admit_and_forward(
             _degrade(state, preq, parsed)
             if DEGRADED_HEADER in preq.extra_headers:
                 span.set_attribute("surge.degraded", preq.extra_headers[DEGRADED_HEADER])
+            forwarded = parsed if preq.body is body else _json_object(preq.body)
+            preq.resume = StreamResume.plan(request.url.path, forwarded)
         response = await _forward_unless_disconnected(state, preq, request)
         if isinstance(response, RelayStream):
             response.add_on_close(lambda: limiter.release(api_key))

@@ -114,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (_, _, kind, help_text) in _FLAGS.items():
         p.add_argument(flag, type=kind, default=None, help=help_text)
     p.add_argument("--log-requests", action="store_true", default=None)
+    p.add_argument(
+        "--no-stream-resume",
+        action="store_true",
+        default=None,
+        help="end a stream whose upstream breaks mid-answer with an error event, instead of "
+        "continuing its text on another upstream",
+    )
     p.add_argument("--log-level", default="INFO")
     return p  # fmt: skip
 
@@ -150,6 +157,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         overrides.setdefault("degrade", {})["action"] = args.degrade
     if args.log_requests:
         overrides["log_requests"] = True
+    if args.no_stream_resume:
+        overrides.setdefault("retry", {})["resume_streams"] = False
     merged = _merge(data, overrides)
     if "otlp_traces_endpoint" not in merged and (endpoint := endpoint_from_env()):
         merged["otlp_traces_endpoint"] = endpoint

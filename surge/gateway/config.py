@@ -94,6 +94,9 @@ class RetryConfig:
     backoff_base_s: float = 0.01  # full-jitter exponential: uniform(0, base * 2**n), capped
     backoff_max_s: float = 0.5
     max_retry_after_s: float = 2.0  # wait at most this long for a refusing upstream's Retry-After
+    # A plain text stream whose upstream breaks mid-answer goes on, once, on another upstream
+    # from where it stopped (gateway/resume.py); off: it ends with an error event.
+    resume_streams: bool = True
 
     def __post_init__(self) -> None:
         _at_least("max_attempts", self.max_attempts, 1)

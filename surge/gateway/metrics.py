@@ -56,6 +56,12 @@ class GatewayMetrics:
         self.upstream_healthy = Gauge(
             "surge_gateway_upstream_healthy", "1 when the upstream is in rotation.", up, registry=r
         )
+        self.stream_resumes = Counter(
+            "surge_gateway_stream_resumes",
+            "Streams broken mid-answer and continued on another upstream (resumed), ended at "
+            "their token limit (at_limit), or not continued (failed).",
+            ["outcome"], registry=r,
+        )  # fmt: skip
         self.retries = Counter(
             "surge_gateway_retries", "Retries on another upstream, by the reason.",
             ["reason"], registry=r,

@@ -7,7 +7,8 @@ NOTE: one request's path
         choose: candidates in rotation, not tried yet (un-throttled first) -> balancer.pick
                 -> breaker.allow (a permit; every permit ends in record or cancel)
         send, wait for the head (and a stream's first chunk) under the phase timeouts
-        success              -> answer (a stream is relayed from here on, never retried)
+        success              -> answer (a stream is relayed from here on, never retried; a
+                                text stream that breaks goes on elsewhere: _resume)
         4xx other than 429   -> answer: the request's fault, the upstream is fine
         429/503 (refused)    -> remember Retry-After; retry elsewhere, the breaker unmoved
         5xx, connect error,  -> failure: breaker, passive health; retry elsewhere
@@ -20,6 +21,8 @@ NOTE: one request's path
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 import logging
 import random
@@ -46,6 +49,7 @@ from surge.gateway.errors import (
 )
 from surge.gateway.metrics import GatewayMetrics
 from surge.gateway.response_owners import ResponseOwners
+from surge.gateway.resume import StreamResume
 from surge.gateway.retry import RetryBudget, backoff_s, parse_retry_after, retry_after_header
 from surge.gateway.streaming import RelayStream
 from surge.gateway.upstreams import PRIMARY, RouteKey, Upstream, UpstreamPool
@@ -92,6 +96,7 @@ class ProxyRequest:
     timeout_s: float | None = None  # the client's deadline, when shorter than total_s
     model: str | None = None  # the body's `model`: only upstreams that list it (or say nothing)
     pinned: str | None = None  # only this upstream (it holds the stored response named)
+    resume: StreamResume | None = None  # a text stream that may go on elsewhere if it breaks
 
 
 @dataclass(slots=True)
@@ -318,9 +323,12 @@ class Proxy:
         if outcome is Outcome.SUCCESS and (response_id := resp.headers.get(RESPONSE_ID_HEADER)):
             self.owners.learn(response_id, up.url)
         if outcome is Outcome.SUCCESS and _is_event_stream(resp):
+            resumer = None
+            if req.resume is not None and self.config.retry.resume_streams:
+                resumer = functools.partial(self._resume, req, up.url, deadline_s)
             stream = RelayStream(
                 resp, chunks, first_chunk, lease, idle_s=timeouts.idle_s, deadline_s=deadline_s,
-                clock=self.clock, headers=headers,
+                clock=self.clock, headers=headers, tracker=req.resume, resumer=resumer,
             )  # fmt: skip
             self._observe_overhead(req, first, sent_s, ready_s)
             return stream
@@ -343,6 +351,50 @@ class Proxy:
             up.throttled_until_s = self.clock() + min(retry_after_s, MAX_THROTTLE_S)
         return _Attempt(outcome, response=response, kind=kind or f"http_{resp.status_code}",
                         retry_after_s=retry_after_s)  # fmt: skip
+
+    async def _resume(
+        self, req: ProxyRequest, broken: str, deadline_s: float, tracker: StreamResume
+    ) -> RelayStream | bytes | None:
+        """The rest of a broken text stream from another upstream (resume.py), the final events
+        if its token limit was reached, or None when no upstream takes it."""
+        tried = [broken]
+        while self.clock() < deadline_s and (chosen := self._choose(req, tried)) is not None:
+            up, permit, _ = chosen
+            tried.append(up.url)
+            sent = await self._count_tokens(up, req, tracker.text)
+            if sent is None:
+                up.breaker.cancel(permit)
+                continue
+            body = tracker.continuation(sent)
+            if body is None:
+                up.breaker.cancel(permit)
+                self.metrics.stream_resumes.labels("at_limit").inc()
+                return tracker.final_events()
+            again = dataclasses.replace(req, body=body, resume=None)
+            result = await self._attempt(up, permit, again, deadline_s, first=False)
+            if isinstance(result, RelayStream):
+                log.warning("stream from %s broke mid-answer: continued on %s", broken, up.url)
+                self.metrics.stream_resumes.labels("resumed").inc()
+                return result
+            if isinstance(result, Response):
+                break  # answered, not with a stream (a 4xx): no other upstream would differ
+        self.metrics.stream_resumes.labels("failed").inc()
+        return None
+
+    async def _count_tokens(self, up: Upstream, req: ProxyRequest, text: str) -> int | None:
+        """How many tokens `text` is for `up`'s model (its /tokenize), None if it cannot say."""
+        if not text:
+            return 0
+        body = {"prompt": text, "add_special_tokens": False}
+        if req.model is not None:
+            body["model"] = req.model
+        headers = {k: v for k, v in req.headers.items() if k.lower() == "authorization"}
+        try:
+            answer = await self.client.post(up.url + "/tokenize", json=body, headers=headers,
+                                            timeout=self.config.health.timeout_s)  # fmt: skip
+            return int(answer.json()["count"]) if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
 
     def _attempt_span(self, up: Upstream, req: ProxyRequest, first: bool) -> trace.Span:
         if not self.tracing.enabled:

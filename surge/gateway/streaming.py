@@ -1,15 +1,16 @@
 """Relay an upstream's SSE stream to the client, chunk by chunk.
 
-Once a byte has gone to the client a request can no longer move to another upstream, so a
-stream that breaks (connection lost, idle or total timeout, no `[DONE]`) is never replayed: it
-ends with an error event in the OpenAI shape and `data: [DONE]`. Only whole events are
-forwarded, so the client never sees half an event followed by the error.
+Once a byte has gone to the client a request can no longer start over on another upstream, so
+a stream that breaks (connection lost, idle timeout, no `[DONE]`) is never replayed. A plain
+text answer is continued instead, once, by another upstream from where it stopped
+(`resume.py`); any other ends with an error event in the OpenAI shape and `data: [DONE]`. Only
+whole events are forwarded, so the client never sees half an event followed by the error.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import httpx
@@ -18,6 +19,11 @@ from starlette.types import Receive, Scope, Send
 
 from surge.gateway.breaker import Outcome
 from surge.gateway.errors import SSE_DONE, BadGateway, GatewayError, GatewayTimeout
+from surge.gateway.resume import StreamResume
+
+# Given the broken stream's tracker: the stream that continues it, the final events when
+# nothing is left to generate, or None (then the client gets the error).
+Resumer = Callable[[StreamResume], Awaitable["RelayStream | bytes | None"]]
 
 DONE = b"data: [DONE]"
 
@@ -58,6 +64,8 @@ class RelayStream(StreamingResponse):
         deadline_s: float,
         clock: Callable[[], float],
         headers: dict[str, str],
+        tracker: StreamResume | None = None,
+        resumer: Resumer | None = None,
     ) -> None:
         self._upstream = upstream
         self._chunks = chunks
@@ -69,6 +77,7 @@ class RelayStream(StreamingResponse):
         self._kind = ""
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
+        self._tracker, self._resumer = tracker, resumer
         self._gen = self._relay(first)
         super().__init__(self._gen, status_code=upstream.status_code, headers=headers)
 
@@ -111,18 +120,21 @@ class RelayStream(StreamingResponse):
         ready, pending = split_events(first)
         saw_done = DONE in ready
         if ready:
+            self._observe(ready)
             yield ready
         error: GatewayError | None = None
+        may_resume = True  # not at the total deadline: no one waits for more then
         try:
             while (chunk := await self._next_chunk()) is not None:
                 ready, pending = split_events(pending + chunk)
                 if ready:
                     saw_done = saw_done or DONE in ready
+                    self._observe(ready)
                     yield ready
         except TimeoutError as e:
             # An idle upstream is stuck; a stream still flowing at the total deadline is not
             # the upstream's fault (it was asked for a long answer).
-            idle = str(e) == "idle"
+            idle = may_resume = str(e) == "idle"
             self._fail("idle_timeout" if idle else "timeout", Outcome.FAILURE if idle else None)
             error = GatewayTimeout(f"upstream stream timed out ({e} timeout)", code="timeout")
         except httpx.HTTPError as e:
@@ -137,8 +149,28 @@ class RelayStream(StreamingResponse):
             self._fail("stream_truncated")
             error = BadGateway("upstream ended the stream early", code="upstream_stream_broken")
         # The half event in `pending` is dropped: the client gets whole events only.
+        tracker = self._tracker
+        if may_resume and self._resumer is not None and tracker is not None and tracker.resumable:
+            # This upstream is done with: its verdict now, not when the continuation ends.
+            self._lease.finish(self._outcome, self._kind)
+            await self._upstream.aclose()
+            rest = await self._resumer(tracker)
+            if isinstance(rest, bytes):
+                yield rest
+                return
+            if rest is not None:
+                try:
+                    async for data in rest._gen:
+                        yield tracker.rewrite(data)
+                finally:
+                    await rest.close()
+                return
         yield error.sse_event()
         yield SSE_DONE
+
+    def _observe(self, events: bytes) -> None:
+        if self._tracker is not None:
+            self._tracker.observe(events)
 
     def _fail(self, kind: str, outcome: Outcome | None = Outcome.FAILURE) -> None:
         self._outcome = outcome

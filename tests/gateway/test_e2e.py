@@ -285,8 +285,8 @@ def _open_stream(
 
 async def test_kill_9_of_one_upstream_loses_no_request(fleet: Fleet) -> None:
     """300 requests, 24 at a time, half streamed; one of three upstreams is killed -9 after 60
-    have finished. Every request succeeds, except streams that had started on the dead one:
-    those end with an error event then [DONE] (never a silent replay)."""
+    have finished. Every request succeeds: those not started move to the others, and streams
+    that had started on the dead one go on elsewhere from where they stopped (never a replay)."""
     victim = fleet.servers[2]
     engine = psutil.Process(victim.engine_pid())
     num_done = 0
@@ -309,18 +309,12 @@ async def test_kill_9_of_one_upstream_loses_no_request(fleet: Fleet) -> None:
         results = await asyncio.gather(*(one(client, i) for i in range(300)))
     assert killed.is_set()
     assert [code for code, _, _ in results] == [200] * 300
-    broken = 0
-    for i, (_, events, upstream) in enumerate(results):
+    for i, (_, events, _upstream) in enumerate(results):
         if i % 2:
             continue
         assert events[-1] == "[DONE]"
         last = json.loads(events[-2])
-        if "error" in last:  # a stream that had started on the victim
-            broken += 1
-            assert upstream == victim.url and last["error"]["code"] == "upstream_stream_broken"
-        else:
-            assert last["choices"][0]["finish_reason"] == "length"
-    assert broken <= 24
+        assert "error" not in last and last["choices"][0]["finish_reason"] == "length", last
     retries = [float(ln.rsplit(" ", 1)[1]) for ln in fleet.prefix.metrics().splitlines()
                if ln.startswith("surge_gateway_retries_total{")]  # fmt: skip
     assert sum(retries) >= 1  # requests caught on the victim moved to the others

@@ -1,0 +1,117 @@
+"""A stream whose upstream is killed -9 mid-answer goes on, on another upstream, from where it
+stopped: the client sees one unbroken stream (one id, one opening, the text before the kill then
+the rest, `max_tokens` in all), for a completion and for a chat. Real `surge serve` processes of
+the tiny model behind a real `surge gateway`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from surge.gateway.resume import StreamResume
+from tests.gateway.processes import GatewayProcess
+from tests.servers import ServerProcess
+
+MAX_TOKENS = 1200  # long enough to be mid-answer when the kill lands
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_model_dir: Path) -> Iterator[tuple[list[ServerProcess], GatewayProcess]]:
+    with ThreadPoolExecutor(3) as pool:
+        servers = list(pool.map(lambda _: ServerProcess(tiny_model_dir, "--dtype", "float32"),
+                                range(3)))  # fmt: skip
+    gateway = GatewayProcess(*[a for s in servers for a in ("--upstream", s.url)],
+                             "--policy", "round_robin", "--health-interval", "0.5",
+                             "--health-timeout", "2")  # fmt: skip
+    try:
+        gateway.wait_ready(num_upstreams=3)
+        yield servers, gateway
+    finally:
+        gateway.stop()
+        for s in servers:
+            s.stop()
+
+
+def _stream_and_kill(
+    gateway: GatewayProcess, servers: list[ServerProcess], path: str, body: dict[str, Any]
+) -> tuple[list[dict[str, Any]], str, str]:
+    """The stream's events, the text before the kill, and the upstream killed."""
+    events: list[dict[str, Any]] = []
+    before, victim = "", ""
+    with httpx.stream("POST", gateway.url + path, json=body, timeout=120) as r:
+        assert r.status_code == 200
+        victim = r.headers["x-surge-upstream"]
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            events.append(json.loads(line[6:]))
+            if len(events) == 30:
+                before = _text(path, events)
+                server = next(s for s in servers if s.url == victim)
+                os.kill(server.proc.pid, signal.SIGKILL)
+    return events, before, victim
+
+
+def _text(path: str, events: list[dict[str, Any]]) -> str:
+    if path == "/v1/completions":
+        return "".join(c["text"] for e in events for c in e.get("choices", []))
+    return "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", []))
+
+
+def test_a_stream_killed_mid_answer_goes_on_elsewhere(
+    fleet: tuple[list[ServerProcess], GatewayProcess],
+) -> None:
+    servers, gateway = fleet
+    common = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True, "stream": True,
+              "stream_options": {"include_usage": True}}  # fmt: skip
+    story = [{"role": "user", "content": "Tell me a story."}]
+    cases = [("/v1/completions", {"prompt": "Once upon a time", **common}),
+             ("/v1/chat/completions", {"messages": story, **common})]  # fmt: skip
+    killed = []
+    for path, body in cases:
+        events, before, victim = _stream_and_kill(gateway, servers, path, body)
+        killed.append(victim)
+        assert before and all("error" not in e for e in events), events[-2:]
+        assert {e["id"] for e in events} == {events[0]["id"]}
+        text = _text(path, events)
+        assert text.startswith(before) and len(text) > len(before)
+        finishes = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+        assert finishes == ["length"]
+        usage = events[-1]["usage"]
+        assert usage["completion_tokens"] == MAX_TOKENS  # the limit holds across both parts
+        if path == "/v1/chat/completions":  # one opening, as an unbroken stream has
+            roles = [c["delta"].get("role") for e in events for c in e["choices"]]
+            assert roles.count("assistant") == 1
+    assert len(set(killed)) == 2
+    name = 'surge_gateway_stream_resumes_total{outcome="resumed"}'
+    resumed = [ln for ln in gateway.metrics().splitlines() if ln.startswith(name)]
+    assert resumed and float(resumed[0].rsplit(" ", 1)[1]) == 2
+
+
+def test_what_cannot_go_on_is_not_planned() -> None:
+    chat = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    assert StreamResume.plan("/v1/chat/completions", chat) is not None
+    for extra in ({"tools": [{"type": "function", "function": {"name": "f"}}]}, {"n": 2},
+                  {"logprobs": True}, {"response_format": {"type": "json_object"}},
+                  {"stream": False}, {"structured_outputs": {"regex": "a+"}}):  # fmt: skip
+        assert StreamResume.plan("/v1/chat/completions", {**chat, **extra}) is None, extra
+    assert StreamResume.plan("/v1/completions", {"prompt": [1, 2], "stream": True}) is None
+    assert (
+        StreamResume.plan("/v1/completions", {"prompt": "x", "stream": True, "echo": True}) is None
+    )
+    plan = StreamResume.plan("/v1/completions", {"prompt": "Hi", "stream": True, "max_tokens": 5})
+    assert plan is not None
+    plan.observe(
+        b'data: {"id": "c1", "created": 7, "choices": [{"index": 0, "text": " there"}]}\n\n'
+    )
+    assert json.loads(plan.continuation(2) or b"") == {"prompt": "Hi there", "stream": True,
+                                                       "max_tokens": 3}  # fmt: skip
+    assert plan.continuation(5) is None  # the limit reached as it broke: nothing to ask for
