@@ -1,5 +1,9 @@
-"""A global and a per-API-key concurrency limit in front of the proxy, with a bounded FIFO
-queue: a request waits for a slot up to a timeout, and is refused at once when the queue is full.
+"""A global and a per-API-key concurrency limit in front of the proxy, with a bounded queue: a
+request waits for a slot up to a timeout, and is refused at once when the queue is full.
+
+The queue is fair between keys: a freed slot goes to the waiter whose key has the fewest
+requests in flight (arrival order among equals), so one client's burst of a thousand waits
+behind nobody else's single request, and with a single key it is first come, first served.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ class LimitExceeded(Exception):
 
 class ConcurrencyLimiter:
     """NOTE: invariant after every acquire/release: no waiter could run now. A waiter is woken
-    as soon as both limits admit it, in arrival order, skipping waiters held back only by
-    their own key's limit (one busy key must not block the others)."""
+    as soon as both limits admit it: of those they admit, the one whose key has the fewest in
+    flight, the earliest among equals (waiters held back only by their own key's limit are
+    skipped: one busy key must not block the others)."""
 
     def __init__(self, config: LimitConfig) -> None:
         self.config = config
@@ -73,15 +78,16 @@ class ConcurrencyLimiter:
         self._wake()
 
     def _wake(self) -> None:
-        if not self._waiters or self.in_flight >= self.config.max_concurrency:
-            return
-        for entry in list(self._waiters):
-            key, future = entry
-            if self.in_flight >= self.config.max_concurrency:
+        while self._waiters and self.in_flight < self.config.max_concurrency:
+            best: tuple[str, asyncio.Future[None]] | None = None
+            for entry in self._waiters:
+                key, future = entry
+                if future.done() or not self._can_run(key):
+                    continue  # cancelled (its owner removes it), or held by its key's limit
+                if best is None or self._by_key.get(key, 0) < self._by_key.get(best[0], 0):
+                    best = entry
+            if best is None:
                 return
-            if future.done():
-                continue  # cancelled (timed out or the client left): its owner removes it
-            if self._can_run(key):
-                self._waiters.remove(entry)
-                self._take(key)
-                future.set_result(None)
+            self._waiters.remove(best)
+            self._take(best[0])
+            best[1].set_result(None)

@@ -88,6 +88,36 @@ async def test_limiter_per_key_cap_does_not_block_other_keys() -> None:
     assert lim.in_flight == 2
 
 
+async def test_limiter_is_fair_between_keys() -> None:
+    """A burst from one key waits behind another key's later requests: a freed slot goes to the
+    key with the fewest in flight; with equals, to the earliest."""
+    lim = ConcurrencyLimiter(LimitConfig(max_concurrency=2, max_queue=16))
+    await lim.acquire("busy")
+    await lim.acquire("busy")
+    order: list[str] = []
+
+    async def wait(key: str) -> None:
+        await lim.acquire(key)
+        order.append(key)
+
+    burst = [asyncio.create_task(wait("busy")) for _ in range(4)]
+    await asyncio.sleep(0)
+    others = [asyncio.create_task(wait(k)) for k in ("quiet", "other")]
+    await asyncio.sleep(0)
+    lim.release("busy")  # busy 1 in flight, quiet and other none: quiet (the earlier) goes
+    await asyncio.sleep(0)
+    lim.release("busy")  # busy 0, quiet 1, other 0: busy's first waiter (earliest of the 0s)
+    await asyncio.sleep(0)
+    lim.release("quiet")  # busy 1, other 0: other
+    await asyncio.sleep(0)
+    assert order == ["quiet", "busy", "other"]
+    for key in ("busy", "other", "busy", "busy"):  # the rest of the burst, one by one
+        lim.release(key)
+        await asyncio.sleep(0)
+    await asyncio.wait_for(asyncio.gather(*burst, *others), 1)
+    assert order == ["quiet", "busy", "other", "busy", "busy", "busy"]
+
+
 async def test_limiter_cancelled_waiter_leaves_no_trace() -> None:
     lim = ConcurrencyLimiter(LimitConfig(max_concurrency=1, max_queue=2))
     await lim.acquire("k")
