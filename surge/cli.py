@@ -22,7 +22,12 @@ from surge.engine.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from surge.observability.tracing import TracingConfig, endpoint_from_env
+from surge.observability.tracing import (
+    PROTOCOLS,
+    TracingConfig,
+    endpoint_from_env,
+    protocol_from_env,
+)
 from surge.server.config import ServerConfig
 from surge.server.reasoning import PARSERS as REASONING_PARSERS
 from surge.server.tool_parsers import PARSERS
@@ -359,8 +364,15 @@ def add_tracing_args(g: argparse._ActionsContainer) -> None:
     g.add_argument(
         "--otlp-traces-endpoint",
         default=endpoint_from_env(),
-        help="send OpenTelemetry spans over OTLP/HTTP to this collector, e.g. "
+        help="send OpenTelemetry spans over OTLP to this collector, e.g. "
         "http://127.0.0.1:4318 (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else off)",
+    )
+    g.add_argument(
+        "--otlp-traces-protocol",
+        default=protocol_from_env(),
+        choices=PROTOCOLS,
+        help="http/protobuf (a collector's port 4318) or grpc (4317) "
+        "(default: $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else http/protobuf)",
     )
 
 
@@ -403,6 +415,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         ),
         tracing=TracingConfig(
             otlp_endpoint=args.otlp_traces_endpoint,
+            otlp_protocol=args.otlp_traces_protocol,
             service_name="surge-server",
             instance_id=f"{args.host}:{args.port}",
         ),

@@ -12,7 +12,7 @@ from surge.event_loop import run as run_event_loop
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
 from surge.gateway.config_file import config_from_mapping, read_mapping
 from surge.gateway.launch import serve
-from surge.observability.tracing import endpoint_from_env
+from surge.observability.tracing import endpoint_from_env, protocol_from_env
 
 # flag -> (config section or None for top level, field, type, help). Every flag defaults to
 # None, meaning "not given": then the config file's value, else the dataclass default, holds.
@@ -76,6 +76,9 @@ _FLAGS: dict[str, tuple[str | None, str, type, str]] = {
                                "OpenTelemetry collector for spans over OTLP/HTTP, e.g. "
                                "http://127.0.0.1:4318 "
                                "(default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)"),
+    "--otlp-traces-protocol": (None, "otlp_traces_protocol", str,
+                               "http/protobuf or grpc (default: "
+                               "$OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else http/protobuf)"),
 }  # fmt: skip
 
 
@@ -162,6 +165,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     merged = _merge(data, overrides)
     if "otlp_traces_endpoint" not in merged and (endpoint := endpoint_from_env()):
         merged["otlp_traces_endpoint"] = endpoint
+    merged.setdefault("otlp_traces_protocol", protocol_from_env())
     return config_from_mapping(merged)
 
 

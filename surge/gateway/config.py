@@ -213,7 +213,8 @@ class GatewayConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
     limits: LimitConfig = field(default_factory=LimitConfig)
     degrade: DegradeConfig = field(default_factory=DegradeConfig)
-    otlp_traces_endpoint: str | None = None  # OpenTelemetry spans over OTLP/HTTP; None: off
+    otlp_traces_endpoint: str | None = None  # OpenTelemetry spans over OTLP; None: off
+    otlp_traces_protocol: str = "http/protobuf"  # or "grpc"
     # With no upstream at all (an autoscaler scaled the fleet to zero), a request waits this
     # long for one to appear, counted in surge_gateway_requests_awaiting_upstream, which is
     # what wakes the autoscaler. 0: 503 at once.
@@ -250,6 +251,7 @@ class GatewayConfig:
     def tracing(self) -> TracingConfig:
         return TracingConfig(
             otlp_endpoint=self.otlp_traces_endpoint,
+            otlp_protocol=self.otlp_traces_protocol,
             service_name="surge-gateway",
             instance_id=f"{self.host}:{self.port}",
         )

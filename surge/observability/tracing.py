@@ -1,4 +1,5 @@
-"""OpenTelemetry traces, exported over OTLP/HTTP; off unless an endpoint is given.
+"""OpenTelemetry traces, exported over OTLP (HTTP/protobuf or gRPC); off unless an endpoint is
+given.
 
 One span per request in each process it crosses, joined by W3C `traceparent` headers:
 
@@ -19,6 +20,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from opentelemetry import trace
@@ -29,17 +31,24 @@ log = logging.getLogger(__name__)
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 OTLP_TRACES_PATH = "/v1/traces"
+PROTOCOLS = ("http/protobuf", "grpc")  # OTEL_EXPORTER_OTLP_PROTOCOL's values we speak
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
 @dataclass(frozen=True, slots=True)
 class TracingConfig:
-    # OTLP/HTTP collector: a base URL gets OTLP's /v1/traces appended; None: tracing off.
+    # The collector: over HTTP a base URL gets OTLP's /v1/traces appended; over gRPC it is the
+    # server's address (http:// without TLS, https:// with). None: tracing off.
     otlp_endpoint: str | None = None
     service_name: str = "surge"  # OTEL_SERVICE_NAME overrides it, as OpenTelemetry's SDKs do
     instance_id: str = ""  # service.instance.id: which replica (host:port) made the span
+    otlp_protocol: str = "http/protobuf"  # or "grpc" (collectors listen on 4318 and 4317)
 
     def __post_init__(self) -> None:
+        if self.otlp_protocol not in PROTOCOLS:
+            raise ValueError(
+                f"otlp protocol must be one of {', '.join(PROTOCOLS)}, got {self.otlp_protocol!r}"
+            )
         if self.otlp_endpoint is not None:
             parts = urlsplit(self.otlp_endpoint)
             if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -52,7 +61,7 @@ class TracingConfig:
         if self.otlp_endpoint is None:
             return None
         parts = urlsplit(self.otlp_endpoint)
-        if parts.path in ("", "/"):
+        if parts.path in ("", "/") and self.otlp_protocol != "grpc":
             return self.otlp_endpoint.rstrip("/") + OTLP_TRACES_PATH
         return self.otlp_endpoint
 
@@ -63,6 +72,14 @@ def endpoint_from_env() -> str | None:
     if traces:
         return traces
     return os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
+
+
+def protocol_from_env() -> str:
+    """The default for `--otlp-traces-protocol`: OpenTelemetry's variables, else HTTP."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        if value := os.environ.get(name):
+            return value
+    return "http/protobuf"
 
 
 class Tracing:
@@ -83,7 +100,6 @@ class Tracing:
         if url is None:
             return cls.off()
         try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -98,8 +114,9 @@ class Tracing:
         # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), default parent-based always-on;
         # batching from OTEL_BSP_* (a span leaves within 5 s by default).
         provider = TracerProvider(resource=Resource.create(attributes))
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
-        log.info("tracing: OTLP/HTTP spans to %s as %s", url, attributes["service.name"])
+        provider.add_span_processor(BatchSpanProcessor(_exporter(config.otlp_protocol, url)))
+        log.info("tracing: OTLP (%s) spans to %s as %s", config.otlp_protocol, url,
+                 attributes["service.name"])  # fmt: skip
         return cls(provider.get_tracer("surge"), provider)
 
     @property
@@ -111,6 +128,23 @@ class Tracing:
         if self._provider is not None:
             self._provider.shutdown()  # type: ignore[attr-defined]
             self._provider = None
+
+
+def _exporter(protocol: str, url: str) -> Any:
+    try:
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcExporter,
+            )
+
+            return GrpcExporter(endpoint=url, insecure=urlsplit(url).scheme == "http")
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=url)
+    except ImportError as e:
+        raise RuntimeError(
+            f"tracing over OTLP {protocol} needs its exporter: pip install 'surge[tracing]'"
+        ) from e
 
 
 def extract(headers: Mapping[str, str]) -> Context:

@@ -1,4 +1,5 @@
-"""A real OTLP/HTTP trace receiver on 127.0.0.1: decodes the protobuf exports processes send.
+"""Real OTLP trace receivers on 127.0.0.1 (HTTP/protobuf, and gRPC): decode the protobuf exports
+processes send.
 
 What a collector (Jaeger, Tempo, the OpenTelemetry Collector) would receive; the tests read the
 spans back as plain dicts.
@@ -99,9 +100,7 @@ class OtlpReceiver:
                     body = gzip.decompress(body)
                 ok = self.path == "/v1/traces"
                 if ok:
-                    with receiver._lock:
-                        receiver._pending.append(body)
-                        receiver.requests += 1
+                    receiver.add(body)
                 answer = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200 if ok else 404)
                 self.send_header("content-type", "application/x-protobuf")
@@ -133,6 +132,11 @@ class OtlpReceiver:
                 self._spans.extend(_decode(body))
             return list(self._spans)
 
+    def add(self, body: bytes) -> None:
+        with self._lock:
+            self._pending.append(body)
+            self.requests += 1
+
     def trace(self, trace_id: str) -> list[ReceivedSpan]:
         return [s for s in self.spans if s.trace_id == trace_id]
 
@@ -159,3 +163,34 @@ class OtlpReceiver:
         spans = self.trace(trace_id)
         names = [(s.service, s.name) for s in spans]
         raise AssertionError(f"trace {trace_id}: {len(spans)} spans of {count}: {names}")
+
+
+class OtlpGrpcReceiver(OtlpReceiver):
+    """The same, as an OTLP/gRPC TraceService (a collector's port 4317)."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as service
+
+        super().__init__()  # its HTTP server is never started
+        receiver = self
+
+        class Servicer(service.TraceServiceServicer):
+            def Export(self, request: Any, context: Any) -> ExportTraceServiceResponse:
+                receiver.add(request.SerializeToString())
+                return ExportTraceServiceResponse()
+
+        self._grpc = grpc.server(ThreadPoolExecutor(2))
+        service.add_TraceServiceServicer_to_server(Servicer(), self._grpc)
+        port = self._grpc.add_insecure_port("127.0.0.1:0")
+        self.url = f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> OtlpGrpcReceiver:
+        self._grpc.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._grpc.stop(grace=None)
+        self._server.server_close()

@@ -1,9 +1,10 @@
-"""The tracing module in one process: config, propagation, export to a real OTLP receiver."""
+"""The tracing module: config, propagation, export to real OTLP receivers (HTTP and gRPC)."""
 
 from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 from opentelemetry import trace
 
@@ -18,7 +19,8 @@ from surge.observability.tracing import (
     inject,
     wall_ns,
 )
-from tests.observability.otlp_receiver import OtlpReceiver
+from tests.gateway.processes import GatewayProcess
+from tests.observability.otlp_receiver import OtlpGrpcReceiver, OtlpReceiver
 
 
 def test_endpoint_urls() -> None:
@@ -87,6 +89,36 @@ def test_spans_reach_a_collector_and_join_across_a_hop(monkeypatch: pytest.Monke
     # Started a second ago by the monotonic clock: so by the wall clock too.
     took_s = (spans["caller"].end_ns - spans["caller"].start_ns) / 1e9
     assert 0.95 < took_s < 1.5
+
+
+def test_spans_reach_a_grpc_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTLP over gRPC (a collector's port 4317): through the library, and from `surge gateway
+    --otlp-traces-protocol grpc`, which traces each request."""
+    with OtlpGrpcReceiver() as receiver:
+        config = TracingConfig(receiver.url, "surge-test", otlp_protocol="grpc")
+        assert config.traces_url == receiver.url  # no /v1/traces: gRPC names the service
+        tracing = Tracing.start(config)
+        span = tracing.tracer.start_span("over-grpc")
+        span.end()
+        tracing.shutdown()
+        trace_id = f"{span.get_span_context().trace_id:032x}"
+        assert [s.name for s in receiver.wait_for(trace_id, 1, timeout_s=5)] == ["over-grpc"]
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")  # the default's source
+        gateway = GatewayProcess("--upstream", "http://127.0.0.1:9", "--health-interval", "0",
+                                 "--otlp-traces-endpoint", receiver.url)  # fmt: skip
+        try:
+            gateway.wait_ready()
+            r = httpx.post(gateway.url + "/v1/completions", json={"prompt": "x"}, timeout=10)
+            assert r.status_code in (502, 503)
+            found = receiver.wait_until(
+                lambda s: s.service == "surge-gateway" and s.kind == "server", timeout_s=10
+            )
+        finally:
+            gateway.stop()
+    assert found.name == "POST /v1/completions"
+    with pytest.raises(ValueError, match="protocol"):
+        TracingConfig("http://c:4317", otlp_protocol="thrift")
 
 
 def test_extract_without_a_header_starts_a_new_trace() -> None:
