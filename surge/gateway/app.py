@@ -129,6 +129,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"],
                    response_model=None)  # fmt: skip
     @app.get("/v1/responses/{response_id}/input_items", response_model=None)
+    @app.post("/v1/responses/{response_id}/cancel", response_model=None)
     async def stored_response(request: Request, response_id: str) -> Response:
         owner = await _owner(state, request, response_id)
         if owner is None:

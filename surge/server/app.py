@@ -10,7 +10,16 @@ from surge.server.middleware import (
     ArrivalTimeMiddleware,
     BodySizeLimitMiddleware,
 )
-from surge.server.routes import chat, completions, embeddings, lora, misc, responses, scoring
+from surge.server.routes import (
+    chat,
+    completions,
+    embeddings,
+    lora,
+    misc,
+    responses,
+    scoring,
+    stored_responses,
+)
 from surge.server.state import ServerState
 
 
@@ -25,6 +34,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(misc.router)
     app.include_router(lora.router)
     app.include_router(responses.router)
+    app.include_router(stored_responses.router)
     # The last added is outermost: the size check runs inside the key check.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.config.max_body_bytes)
     if state.config.api_keys:

@@ -31,6 +31,7 @@ class ResponsesRequest(BaseModel):
     temperature: StrictFloat | None = None
     top_p: StrictFloat | None = None
     stream: StrictBool = False
+    background: StrictBool = False  # answer at once (queued); poll GET /v1/responses/{id}
     tools: list[dict[str, Any]] | None = None
     tool_choice: StrictStr | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool = True
@@ -222,6 +223,7 @@ def response_body(
         "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
         "text": body.text or {"format": {"type": "text"}}, "truncation": "disabled",
         "metadata": body.metadata or {}, "store": store, "user": body.user, "usage": usage,
+        "background": body.background,
     }  # fmt: skip
 
 

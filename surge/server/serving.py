@@ -222,19 +222,38 @@ def _map_engine_error(exc: BaseException) -> SurgeHTTPError:
     return ServiceUnavailableError(f"request failed: {exc}", retry_after_s=1)
 
 
+async def consume(job: Job) -> None:
+    """Run the job through the engine to its end (or its timeout), applying every event."""
+    events = job.events()
+    try:
+        async with asyncio.timeout(job.remaining_s()):
+            async for ev in events:
+                job.apply(ev)
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def run_detached(job: Job) -> None:
+    """Consume the whole job with no client waiting on it (a background response); raises the
+    HTTP error of a failure, CancelledError when cancelled."""
+    try:
+        await consume(job)
+    except asyncio.CancelledError:
+        job.state.metrics.observe_abort("cancelled")
+        raise
+    except Exception as exc:
+        if isinstance(exc, TimeoutError):
+            job.state.metrics.observe_abort("timeout")
+        err = _map_engine_error(exc)
+        job.error = str(err.code or err.type)
+        raise err from exc
+    finally:
+        job.finish()
+
+
 async def run_to_completion(job: Job, request: Request) -> bool:
     """Consume the whole job (non-streaming). False if the client went away first."""
-
-    async def consume() -> None:
-        events = job.events()
-        try:
-            async with asyncio.timeout(job.remaining_s()):
-                async for ev in events:
-                    job.apply(ev)
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-
-    task = asyncio.create_task(consume())
+    task = asyncio.create_task(consume(job))
     watcher = asyncio.create_task(wait_disconnect(request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)

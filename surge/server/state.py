@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ class ServerState:
     tool_parser: type[ToolParser] | None = None  # None: tool_choice "auto" is refused
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(0))
     reasoning: ReasoningParser | None = None  # --reasoning-parser
+    background: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # by response id
 
     @classmethod
     def create(

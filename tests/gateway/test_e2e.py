@@ -187,6 +187,9 @@ def test_stored_responses_stay_with_the_upstream_that_holds_them(fleet: Fleet) -
     client.responses.delete(made.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(made.id)
+    running = client.responses.create(input="Go on.", model="test-model", background=True,
+                                      max_output_tokens=1500)  # fmt: skip
+    assert client.responses.cancel(running.id).status == "cancelled"  # reaches its server
 
 
 def test_sighup_reloads_the_upstreams_file(fleet: Fleet) -> None:

@@ -6,6 +6,7 @@ stored responses: previous_response_id, retrieve, input_items, delete."""
 from __future__ import annotations
 
 import json
+import time
 
 import openai
 import pytest
@@ -166,3 +167,30 @@ def test_store_false_is_not_kept(tiny_server: ServerProcess) -> None:
     assert resp.store is False
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(resp.id)
+
+
+def test_background_responses_are_polled_and_can_be_cancelled(tiny_server: ServerProcess) -> None:
+    client = _client(tiny_server)
+    ask = {"model": "test-model", "input": "Name a color.", "max_output_tokens": 8,
+           "temperature": 0.0}  # fmt: skip
+    queued = client.responses.create(background=True, **ask)  # type: ignore[call-overload]
+    assert queued.background is True and queued.status in ("queued", "in_progress")
+    deadline = time.monotonic() + 30
+    while (got := client.responses.retrieve(queued.id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, got.status
+        time.sleep(0.05)
+    whole = client.responses.create(**ask)  # type: ignore[call-overload]
+    assert got.status == whole.status and got.output_text == whole.output_text
+    assert got.usage is not None and got.usage.output_tokens == whole.usage.output_tokens  # type: ignore[union-attr]
+    # A long one, cancelled while it runs: its engine request ends, its status says so.
+    long = client.responses.create(model="test-model", input="Go on.", max_output_tokens=1500,
+                                   background=True)  # fmt: skip
+    cancelled = client.responses.cancel(long.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.retrieve(long.id).status == "cancelled"
+    for extra in ({"stream": True}, {"store": False}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(background=True, **ask, **extra)  # type: ignore[call-overload]
+        assert err.value.body["param"] == "background"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):  # only a background one can be cancelled
+        client.responses.cancel(whole.id)

@@ -1,20 +1,23 @@
-"""POST /v1/responses: OpenAI's Responses API over the chat path, whole or as its typed events
-(response.created ... response.output_text.delta ... response.completed; no [DONE]); and the
-stored responses: GET and DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items."""
+"""POST /v1/responses: OpenAI's Responses API over the chat path, whole, as its typed events
+(response.created ... response.output_text.delta ... response.completed; no [DONE]), or in the
+background (`background: true`: answered at once as queued, then polled with GET; see
+stored_responses.py for GET, DELETE, input_items and cancel)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from surge.engine.output_processor import SequenceDelta
 from surge.headers import RESPONSE_ID_HEADER
-from surge.server.errors import BadRequestError, NotFoundError
+from surge.server.errors import BadRequestError, SurgeHTTPError, error_body
 from surge.server.openai_responses import (
     ResponsesRequest,
     call_item,
@@ -29,12 +32,13 @@ from surge.server.openai_responses import (
 from surge.server.protocol import ChatCompletionRequest
 from surge.server.response_store import StoredResponse
 from surge.server.routes.chat import ChatJob, start_chat
-from surge.server.serving import Job, run_to_completion, stream_response
+from surge.server.serving import Job, run_detached, run_to_completion, stream_response
 from surge.server.state import ServerState, get_state
 from surge.server.tenancy import key_owner
 from surge.server.tool_parsers import ToolCallStream
 from surge.server.tools import ToolCall
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -42,6 +46,11 @@ router = APIRouter()
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     state = get_state(request)
     owner = key_owner(request, state.config)
+    store = state.responses.enabled and body.store is not False
+    if body.background and (body.stream or not store):
+        why = ("stream: a background response is polled with GET /v1/responses/{id}"
+               if body.stream else "store: a background response must be stored")  # fmt: skip
+        raise BadRequestError(f"background needs {why}", param="background")
     earlier = _previous(state, body.previous_response_id, owner)
     items = body.input_items()
     try:
@@ -53,7 +62,6 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     chat = start_chat(state, chat_body, request, param="input")
     model = body.model or state.config.served_model_name
     rid, created = new_id("resp"), unix_now()
-    store = state.responses.enabled and body.store is not False
     headers = {RESPONSE_ID_HEADER: rid} if store else {}
 
     def save(response: dict[str, Any]) -> None:
@@ -61,20 +69,60 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
             context = [*(earlier or []), *items, *response["output"]]
             state.responses.put(StoredResponse(response, items, context, owner))
 
+    if body.background:
+        queued = response_body(body, model, rid, created, "queued", [], None, store)
+        state.responses.put(StoredResponse(queued, items, [], owner))
+        done = lambda: _finished(chat, body, model, rid, created, store)  # noqa: E731
+        task = asyncio.create_task(_in_background(chat, queued, done, save))
+        state.background[rid] = task
+        task.add_done_callback(lambda _: state.background.pop(rid, None))
+        return JSONResponse(queued, headers=headers)
     if body.stream:
         stream = _ResponseStream(chat, body, model, rid, created, store, save).response()
         stream.headers.update(headers)
         return stream
     if not await run_to_completion(chat.job, request):
         return Response(status_code=499)
+    out = _finished(chat, body, model, rid, created, store)
+    save(out)
+    return JSONResponse(out, headers=headers)
+
+
+def _finished(
+    chat: ChatJob, body: ResponsesRequest, model: str, rid: str, created: int, store: bool
+) -> dict[str, Any]:
+    """The response of a job run to its end."""
     choice = chat.job.choices[0]
     content, calls = chat.answer(choice.text)
     reasoning, _ = chat.split(choice.text)
     status = "incomplete" if choice.finish_reason == "length" else "completed"
     output = output_items(content, calls, reasoning)
-    out = response_body(body, model, rid, created, status, output, _usage(chat.job), store)
-    save(out)
-    return JSONResponse(out, headers=headers)
+    return response_body(body, model, rid, created, status, output, _usage(chat.job), store)
+
+
+async def _in_background(
+    chat: ChatJob,
+    queued: dict[str, Any],
+    finished: Callable[[], dict[str, Any]],
+    save: Callable[[dict[str, Any]], None],
+) -> None:
+    """Run a background response to its end and store what it came to: completed (or
+    incomplete), failed with its error, or cancelled (POST .../cancel)."""
+    save({**queued, "status": "in_progress"})
+    try:
+        await run_detached(chat.job)
+    except asyncio.CancelledError:
+        save({**queued, "status": "cancelled"})
+        raise
+    except SurgeHTTPError as e:
+        save({**queued, "status": "failed", "error": error_body(e)["error"]})
+        return
+    except Exception:  # never lose a background response to an unforeseen error
+        log.exception("background response %s failed", queued["id"])
+        save({**queued, "status": "failed",
+              "error": {"code": "server_error", "message": "internal error"}})  # fmt: skip
+        return
+    save(finished())
 
 
 def _previous(state: ServerState, response_id: str | None, owner: str) -> list[dict[str, Any]]:
@@ -90,54 +138,11 @@ def _previous(state: ServerState, response_id: str | None, owner: str) -> list[d
         raise BadRequestError(f"Previous response with id '{response_id}' not found.",
                               param="previous_response_id",
                               code="previous_response_not_found")  # fmt: skip
+    if entry.response["status"] not in ("completed", "incomplete"):
+        raise BadRequestError(f"Previous response with id '{response_id}' is "
+                              f"{entry.response['status']}, not finished.",
+                              param="previous_response_id")  # fmt: skip
     return entry.context
-
-
-def _stored(request: Request, response_id: str) -> StoredResponse:
-    state = get_state(request)
-    entry = state.responses.get(response_id, key_owner(request, state.config))
-    if entry is None:
-        raise NotFoundError(f"Response with id '{response_id}' not found.",
-                            code="response_not_found")  # fmt: skip
-    return entry
-
-
-@router.get("/v1/responses/{response_id}")
-async def get_response(response_id: str, request: Request) -> JSONResponse:
-    return JSONResponse(_stored(request, response_id).response,
-                        headers={RESPONSE_ID_HEADER: response_id})  # fmt: skip
-
-
-@router.delete("/v1/responses/{response_id}")
-async def delete_response(response_id: str, request: Request) -> JSONResponse:
-    state = get_state(request)
-    if not state.responses.delete(response_id, key_owner(request, state.config)):
-        raise NotFoundError(f"Response with id '{response_id}' not found.",
-                            code="response_not_found")  # fmt: skip
-    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
-
-
-@router.get("/v1/responses/{response_id}/input_items")
-async def list_input_items(
-    response_id: str,
-    request: Request,
-    limit: int = Query(20, ge=1, le=100),
-    order: Literal["asc", "desc"] = "desc",
-    after: str | None = None,
-) -> JSONResponse:
-    """One page of the request's input items, OpenAI's list shape (newest first by default)."""
-    items = _stored(request, response_id).input_items
-    items = items[::-1] if order == "desc" else items
-    if after is not None:
-        ids = [item["id"] for item in items]
-        if after not in ids:
-            raise BadRequestError(f"after: no input item {after!r} in this response",
-                                  param="after")  # fmt: skip
-        items = items[ids.index(after) + 1 :]
-    page = items[:limit]
-    first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
-    return JSONResponse({"object": "list", "data": page, "first_id": first, "last_id": last,
-                         "has_more": len(items) > limit})  # fmt: skip
 
 
 def _usage(job: Job) -> dict[str, Any]:

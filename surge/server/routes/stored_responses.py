@@ -1,0 +1,85 @@
+"""Stored Responses API responses: GET and DELETE /v1/responses/{id}, GET
+/v1/responses/{id}/input_items, and POST /v1/responses/{id}/cancel for a background one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+
+from surge.headers import RESPONSE_ID_HEADER
+from surge.server.errors import BadRequestError, NotFoundError
+from surge.server.response_store import StoredResponse
+from surge.server.state import get_state
+from surge.server.tenancy import key_owner
+
+router = APIRouter()
+
+
+def _stored(request: Request, response_id: str) -> StoredResponse:
+    state = get_state(request)
+    entry = state.responses.get(response_id, key_owner(request, state.config))
+    if entry is None:
+        raise NotFoundError(f"Response with id '{response_id}' not found.",
+                            code="response_not_found")  # fmt: skip
+    return entry
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request) -> JSONResponse:
+    """As it was answered; a background one as it stands (queued, in_progress, ... done)."""
+    return JSONResponse(_stored(request, response_id).response,
+                        headers={RESPONSE_ID_HEADER: response_id})  # fmt: skip
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> JSONResponse:
+    state = get_state(request)
+    _stored(request, response_id)  # 404 unless it is this key's
+    if (task := state.background.get(response_id)) is not None:
+        task.cancel()  # deleting a running background response stops it
+    state.responses.delete(response_id, key_owner(request, state.config))
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request) -> JSONResponse:
+    """Stop a background response (its engine request is aborted); one that has ended is
+    answered as it is."""
+    state = get_state(request)
+    entry = _stored(request, response_id)
+    if not entry.response.get("background"):
+        raise BadRequestError("only a background response can be cancelled",
+                              param="response_id")  # fmt: skip
+    if (task := state.background.get(response_id)) is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return JSONResponse(_stored(request, response_id).response,
+                        headers={RESPONSE_ID_HEADER: response_id})  # fmt: skip
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    limit: int = Query(20, ge=1, le=100),
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> JSONResponse:
+    """One page of the request's input items, OpenAI's list shape (newest first by default)."""
+    items = _stored(request, response_id).input_items
+    items = items[::-1] if order == "desc" else items
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise BadRequestError(f"after: no input item {after!r} in this response",
+                                  param="after")  # fmt: skip
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
+    return JSONResponse({"object": "list", "data": page, "first_id": first, "last_id": last,
+                         "has_more": len(items) > limit})  # fmt: skip
