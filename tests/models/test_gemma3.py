@@ -14,6 +14,7 @@ import torch
 from surge.engine.llm import LLM
 from surge.models.spec import FULL, SLIDING, ModelSpec
 from surge.sampling_params import SamplingParams
+from tests.models.tiny_hf import save_with_tokenizer, tokenizer_vocab
 
 WINDOW = 8
 
@@ -23,8 +24,7 @@ def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) 
     """Random weights (seeded), SmolLM2's tokenizer; 4 layers: sliding, sliding, full, sliding."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-    tok_json = json.loads((tiny_model_dir / "tokenizer.json").read_text())
-    vocab = len(tok_json["model"]["vocab"]) + len(tok_json.get("added_tokens", []))
+    vocab = tokenizer_vocab(tiny_model_dir)
     config = Gemma3TextConfig(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24,
@@ -39,11 +39,7 @@ def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) 
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.normal_(0.0, 0.3)
-    folder = tmp_path_factory.mktemp("tiny-gemma3")
-    model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (folder / name).write_bytes((tiny_model_dir / name).read_bytes())
-    return folder
+    return save_with_tokenizer(model, tmp_path_factory.mktemp("tiny-gemma3"), tiny_model_dir)
 
 
 def _reference(folder: Path, prompt: list[int], max_tokens: int) -> list[int]:

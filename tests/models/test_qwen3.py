@@ -14,6 +14,7 @@ import torch
 from surge.engine.llm import LLM
 from surge.models.spec import ModelSpec
 from surge.sampling_params import SamplingParams
+from tests.models.tiny_hf import save_with_tokenizer, tokenizer_vocab
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +22,7 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -
     """Random weights (seeded), SmolLM2's tokenizer; 3 layers, head_dim 24 (not 64 / 4)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    tok_json = json.loads((tiny_model_dir / "tokenizer.json").read_text())
-    vocab = len(tok_json["model"]["vocab"]) + len(tok_json.get("added_tokens", []))
+    vocab = tokenizer_vocab(tiny_model_dir)
     config = Qwen3Config(
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=512,
@@ -34,11 +34,7 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -
         for name, p in model.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 p.normal_(1.0, 0.5)
-    folder = tmp_path_factory.mktemp("tiny-qwen3")
-    model.save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (folder / name).write_bytes((tiny_model_dir / name).read_bytes())
-    return folder
+    return save_with_tokenizer(model, tmp_path_factory.mktemp("tiny-qwen3"), tiny_model_dir)
 
 
 def test_tiny_qwen3_matches_transformers(tiny_qwen3: Path) -> None:
