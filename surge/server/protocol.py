@@ -75,6 +75,10 @@ class ChatMessage(_Model):
     name: StrictStr | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
     tool_call_id: StrictStr | None = None  # a tool's answer: to which call
+    # An assistant's earlier thinking, as a reasoning parser answered it (vLLM's `reasoning`,
+    # formerly `reasoning_content`); templates such as Qwen3's read `reasoning_content`.
+    reasoning: StrictStr | None = None
+    reasoning_content: StrictStr | None = None
 
     _check_content = field_validator("content", mode="wrap")(
         _reworded(
@@ -107,6 +111,8 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             item["tool_calls"] = m.tool_calls
         if m.tool_call_id is not None:
             item["tool_call_id"] = m.tool_call_id
+        if (thought := m.reasoning_content or m.reasoning) is not None:
+            item["reasoning_content"] = item["reasoning"] = thought
         out.append(item)
     return out
 

@@ -231,6 +231,11 @@ def test_flatten_and_template_messages() -> None:
         chat(messages=[{"role": "system", "content": [{"type": "text", "text": "s"}], "name": "n"}])
     )
     assert req.template_messages() == [{"role": "system", "content": "s", "name": "n"}]
+    # An assistant turn sent back as a reasoning parser answered it: its thinking reaches the
+    # template under both names (Qwen3's template reads reasoning_content).
+    turn = {"role": "assistant", "content": "4", "reasoning": "2+2"}
+    rendered = ChatCompletionRequest.model_validate(chat(messages=[turn])).template_messages()
+    assert rendered[0]["reasoning_content"] == rendered[0]["reasoning"] == "2+2"
     with pytest.raises(ValidationError, match="only text is supported"):
         ChatCompletionRequest.model_validate(
             chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
