@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +130,33 @@ class LLM:
                     bar.update(1)
         bar.close()
         return [results[r] for r in order]
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        lora_name: str | Sequence[str | None] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's `LLM.chat`: one conversation (a list of messages) or a list of them, each
+        rendered with the model's chat template (and `tools`, `chat_template_kwargs`), then
+        generated as `generate` does; `prompt` is the rendered text."""
+        first = messages[0] if messages else None
+        conversations = [messages] if isinstance(first, Mapping) else list(messages)
+        kwargs = {**(chat_template_kwargs or {}), **({"tools": list(tools)} if tools else {})}
+        texts = [
+            self.tokenizer.apply_chat_template(c, add_generation_prompt, **kwargs)  # type: ignore[arg-type]
+            for c in conversations
+        ]
+        # The template writes any BOS itself: no special tokens added again.
+        ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        outs = self.generate(ids, params, use_tqdm=use_tqdm, lora_name=lora_name)
+        for out, text in zip(outs, texts, strict=True):
+            out.prompt = text
+        return outs
 
     def add_lora(self, name: str, path: str) -> None:
         """Load a PEFT LoRA adapter under `name` (the engine needs enable_lora=True)."""

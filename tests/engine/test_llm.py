@@ -127,3 +127,20 @@ def test_max_and_min_tokens_and_logprobs(tiny_model_dir: Path) -> None:
         assert len(lp.top) == 3
         assert lp.top[0][0] == tok  # greedy picks the most likely token
         assert lp.logprob == pytest.approx(lp.top[0][1])
+
+
+def test_chat_renders_the_template_and_generates(tiny_model_dir: Path) -> None:
+    """LLM.chat: one conversation or several, each the chat template's text, no BOS twice."""
+    llm = LLM(str(tiny_model_dir), dtype="float32")
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    talk = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    other = [{"role": "user", "content": "Name a color."}]
+    text = llm.tokenizer.apply_chat_template(talk)
+    ids = llm.tokenizer.encode(text, add_special_tokens=False)
+    (one,) = llm.chat(talk, params, use_tqdm=False)
+    assert one.prompt == text and one.prompt_token_ids == ids
+    (expected,) = llm.generate([ids], params, use_tqdm=False)
+    assert one.outputs[0].token_ids == expected.outputs[0].token_ids
+    both = llm.chat([talk, other], params, use_tqdm=False)
+    assert both[0].prompt_token_ids == ids and len(both) == 2
+    assert both[1].prompt == llm.tokenizer.apply_chat_template(other)
