@@ -158,6 +158,8 @@ def build_app(config: GatewayConfig) -> FastAPI:
     async def passthrough(request: Request, rest: str) -> Response:
         if rest == "models" and request.method == "GET" and (listing := _models(state)):
             return listing
+        if rest.startswith("models/") and request.method == "GET" and (listing := _models(state)):
+            return _model_card(listing, rest.removeprefix("models/"))
         route = "/v1/models" if rest == "models" else "/v1/other"
         return await _proxy(state, request, route, generation=False)
 
@@ -208,6 +210,15 @@ def _models(state: GatewayState) -> JSONResponse | None:
         for name, count in sorted(served.items())
     ]
     return JSONResponse({"object": "list", "data": cards})
+
+
+def _model_card(listing: JSONResponse, model: str) -> JSONResponse:
+    """One card of the fleet's listing (`client.models.retrieve`), or 404."""
+    cards = json.loads(bytes(listing.body))["data"]
+    card = next((c for c in cards if c["id"] == model), None)
+    if card is None:
+        raise NotFound(f"The model `{model}` does not exist.", code="model_not_found")
+    return JSONResponse(card)
 
 
 def _health(state: GatewayState) -> JSONResponse:

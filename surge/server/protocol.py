@@ -62,6 +62,7 @@ def _reworded(message: str) -> Callable[[Any, Any, ValidatorFunctionWrapHandler]
 
 class StreamOptions(_Model):
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM: usage so far in every chunk
 
 
 class TextContentPart(_Model):
@@ -197,6 +198,12 @@ class _SamplingRequest(_Model):
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk (and every other chunk has usage: null)."""
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every chunk carries the usage so far (vLLM's continuous_usage_stats)."""
+        options = self.stream_options
+        return self.include_usage and options is not None and options.continuous_usage_stats
 
     def structured_output(self) -> StructuredOutput | None:
         """What the output must match, validated; 400 naming the field otherwise."""

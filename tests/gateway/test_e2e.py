@@ -123,6 +123,9 @@ def test_openai_client_through_the_gateway(fleet: Fleet) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
     assert [m.id for m in client.models.list()] == ["test-model"]
+    assert client.models.retrieve("test-model").id == "test-model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
     resp = client.responses.with_raw_response.create(model="test-model", input="Hi!",
                                                      max_output_tokens=4)  # fmt: skip
     assert resp.headers["x-surge-upstream"] in {s.url for s in fleet.servers}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -19,6 +21,25 @@ def test_models_health_version(tiny_server: ServerProcess, client: openai.OpenAI
     assert [m.id for m in models.data] == ["test-model"]
     assert httpx.get(tiny_server.url + "/health").json() == {"status": "ok"}
     assert "version" in httpx.get(tiny_server.url + "/version").json()
+    card = client.models.retrieve("test-model")
+    assert card.id == "test-model" and card.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_continuous_usage_stats(tiny_server: ServerProcess) -> None:
+    """vLLM's stream_options.continuous_usage_stats: the usage so far in every chunk."""
+    hi = [{"role": "user", "content": "Hi"}]
+    for path, body in (("/v1/completions", {"prompt": "Hi"}),
+                       ("/v1/chat/completions", {"messages": hi})):  # fmt: skip
+        r = httpx.post(tiny_server.url + path, timeout=30, json={
+            **body, "max_tokens": 5, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}})  # fmt: skip
+        chunks = [json.loads(ln[6:]) for ln in r.text.splitlines()
+                  if ln.startswith("data: {")]  # fmt: skip
+        done = [c["usage"]["completion_tokens"] for c in chunks]
+        assert done == sorted(done) and done[-1] == 5, done
+        assert all(c["usage"]["prompt_tokens"] > 0 for c in chunks)
 
 
 def test_completion_stream_equals_non_stream(client: openai.OpenAI) -> None:

@@ -190,9 +190,9 @@ def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
     thinking = chat.reasoning_streams()
 
     def chunk(choices: list[ChatCompletionStreamChoice]) -> str:
-        return ChatCompletionStreamResponse(id=cid, model=model, choices=choices).to_sse(
-            include_usage=include_usage
-        )
+        usage = job.usage() if body.continuous_usage else None
+        out = ChatCompletionStreamResponse(id=cid, model=model, choices=choices, usage=usage)
+        return out.to_sse(include_usage=include_usage)
 
     def opening(i: int) -> DeltaMessage:
         if streams_arguments:

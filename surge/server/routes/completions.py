@@ -91,9 +91,9 @@ def _stream(job: Job, body: CompletionRequest, model: str, echo: list[str]) -> R
     want_logprobs = job.params.logprobs is not None
 
     def chunk(choices: list[CompletionChoice]) -> str:
-        return CompletionStreamResponse(id=cid, model=model, choices=choices).to_sse(
-            include_usage=include_usage
-        )
+        usage = job.usage() if body.continuous_usage else None
+        out = CompletionStreamResponse(id=cid, model=model, choices=choices, usage=usage)
+        return out.to_sse(include_usage=include_usage)
 
     first = []
     if any(echo):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from surge.server.errors import BadRequestError
+from surge.server.errors import BadRequestError, NotFoundError
 from surge.server.protocol import DetokenizeRequest, TokenizeRequest
 from surge.server.protocol_responses import (
     DetokenizeResponse,
@@ -32,6 +34,18 @@ async def list_models(request: Request) -> JSONResponse:
     if (service := state.embeddings) is not None:
         cards.append(ModelCard(id=service.name, max_model_len=service.model.max_len))
     return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> JSONResponse:
+    """One model's card (`client.models.retrieve`): the base model, an adapter or the
+    embedding model; 404 otherwise."""
+    listing = await list_models(request)
+    cards = json.loads(bytes(listing.body))["data"]
+    card = next((c for c in cards if c["id"] == model), None)
+    if card is None:
+        raise NotFoundError.model_not_found(model)
+    return JSONResponse(card)
 
 
 @router.get("/health")
