@@ -188,6 +188,12 @@ def test_background_responses_are_polled_and_can_be_cancelled(tiny_server: Serve
     cancelled = client.responses.cancel(long.id)
     assert cancelled.status == "cancelled"
     assert client.responses.retrieve(long.id).status == "cancelled"
+    running = client.responses.create(model="test-model", input="Go on.", max_output_tokens=1500,
+                                      background=True)  # fmt: skip
+    client.responses.delete(running.id)  # stops it, and it stays deleted
+    time.sleep(0.2)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(running.id)
     for extra in ({"stream": True}, {"store": False}):
         with pytest.raises(openai.BadRequestError) as err:
             client.responses.create(background=True, **ask, **extra)  # type: ignore[call-overload]

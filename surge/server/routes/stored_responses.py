@@ -39,8 +39,7 @@ async def get_response(response_id: str, request: Request) -> JSONResponse:
 async def delete_response(response_id: str, request: Request) -> JSONResponse:
     state = get_state(request)
     _stored(request, response_id)  # 404 unless it is this key's
-    if (task := state.background.get(response_id)) is not None:
-        task.cancel()  # deleting a running background response stops it
+    await _stop(state.background.get(response_id))  # deleting a running one stops it first
     state.responses.delete(response_id, key_owner(request, state.config))
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
@@ -54,12 +53,17 @@ async def cancel_response(response_id: str, request: Request) -> JSONResponse:
     if not entry.response.get("background"):
         raise BadRequestError("only a background response can be cancelled",
                               param="response_id")  # fmt: skip
-    if (task := state.background.get(response_id)) is not None:
+    await _stop(state.background.get(response_id))
+    return JSONResponse(_stored(request, response_id).response,
+                        headers={RESPONSE_ID_HEADER: response_id})  # fmt: skip
+
+
+async def _stop(task: asyncio.Task[None] | None) -> None:
+    """Cancel a background response's task and wait until it has stored its end."""
+    if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    return JSONResponse(_stored(request, response_id).response,
-                        headers={RESPONSE_ID_HEADER: response_id})  # fmt: skip
 
 
 @router.get("/v1/responses/{response_id}/input_items")
