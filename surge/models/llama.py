@@ -1,8 +1,8 @@
 """Llama-family causal LM written for paged attention.
 
-One class serves Llama 2/3, SmolLM2, Mistral, Qwen2 (attention biases) and Gemma 3 (norms on q/k
-and on each block's outputs, GeGLU, scaled embeddings, sliding-window layers with a RoPE of their
-own) by `ModelSpec` flags.
+One class serves Llama 2/3, SmolLM2, Mistral, Qwen2 (attention biases), Qwen3 (norms on q/k),
+SmolLM3 (layers without RoPE) and Gemma 3 (norms on q/k and on each block's outputs, GeGLU,
+scaled embeddings, sliding-window layers with a RoPE of their own) by `ModelSpec` flags.
 Tokens of all requests in a step are flattened into one [num_tokens] batch: no padding.
 """
 
@@ -37,6 +37,7 @@ class Attention(nn.Module):
         self.window = spec.window(layer)
         self.q_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
         self.k_norm = RMSNorm(spec.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.rope = layer not in spec.no_rope_layers  # SmolLM3: some layers have none
 
     def forward(
         self, x: Tensor, positions: Tensor, rotary: RotaryEmbedding, attn: AttnMetadata
@@ -49,7 +50,8 @@ class Attention(nn.Module):
         v = v.view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        if self.rope:
+            q, k = rotary(positions, q, k)
         # [num_tokens, q_size]
         o = paged_attention(self.layer, q, k, v, attn, self.scale, window=self.window)
         return self.o_proj(o)

@@ -11,7 +11,7 @@ import numpy as np
 
 from surge.models.gguf_file import GGUFSource
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3")
 ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
 
 _HF_ARCHITECTURES = {
@@ -19,12 +19,15 @@ _HF_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "SmolLM3ForCausalLM": "smollm3",
     "Gemma3ForCausalLM": "gemma3",
 }
 _HF_MODEL_TYPES = {"gemma3_text": "gemma3"}
 # Gemma 3: every 6th layer attends to the whole context, the others to a sliding window, with
 # RoPE at a base of their own (llama.cpp fixes both for GGUFs, which do not store them).
 GEMMA3_GLOBAL_EVERY = 6
+# SmolLM3: every 4th layer has no RoPE (llama.cpp fixes the step for GGUFs, which do not store it).
+SMOLLM3_NO_ROPE_EVERY = 4
 GEMMA3_LOCAL_ROPE_THETA = 10000.0
 SLIDING, FULL = "sliding_attention", "full_attention"
 # Llama 3.1's original context; a GGUF keeps only the rope_freqs tensor derived from it.
@@ -76,6 +79,7 @@ class ModelSpec:
     sandwich_norm: bool = False  # RMSNorm on the attention's and the MLP's outputs too
     embed_scale: float = 1.0  # embeddings are multiplied by this (Gemma: sqrt(hidden))
     attn_scale: float | None = None  # None: head_dim ** -0.5
+    no_rope_layers: tuple[int, ...] = ()  # layers whose attention has no RoPE (SmolLM3)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -105,12 +109,12 @@ class ModelSpec:
         return (
             not self.qk_norm and not self.sandwich_norm and self.hidden_act == "silu"
             and self.embed_scale == 1.0 and self.attn_scale is None
-            and all(t == FULL for t in self.layer_types)
+            and all(t == FULL for t in self.layer_types) and not self.no_rope_layers
         )  # fmt: skip
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> ModelSpec:
-        """Spec from a transformers config.json (Llama, Mistral, Qwen2/3 or Gemma 3 causal LM)."""
+        """Spec from a transformers config.json (Llama, Mistral, Qwen2/3, SmolLM3 or Gemma 3)."""
         arch = _hf_architecture(cfg)
         if arch == "gemma3":
             return _gemma3_from_hf(cfg)
@@ -121,8 +125,8 @@ class ModelSpec:
         theta = cfg.get("rope_theta", rope_params.get("rope_theta", 10000.0))
         scaling = cfg.get("rope_scaling") or rope_params
         sliding = cfg.get("sliding_window")
-        if arch in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
-            sliding = None  # Qwen configs carry a window they do not use
+        if arch in ("qwen2", "qwen3", "smollm3") and not cfg.get("use_sliding_window", False):
+            sliding = None  # their configs carry a window they do not use
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -140,16 +144,17 @@ class ModelSpec:
             attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
             sliding_window=int(sliding) if sliding else None,
             qk_norm=arch == "qwen3",  # Qwen3: RMSNorm on each head's q and k before RoPE
+            no_rope_layers=_hf_no_rope_layers(cfg) if arch == "smollm3" else (),
         )
 
     @classmethod
     def from_gguf(cls, reader: GGUFSource) -> ModelSpec:
         """Spec from GGUF metadata ("{arch}.*" keys) and the tensors the file holds."""
         arch = str(_field(reader, "general.architecture"))
-        if arch not in ("llama", "qwen2", "qwen3", "gemma3"):
+        if arch not in ("llama", "qwen2", "qwen3", "smollm3", "gemma3"):
             raise ValueError(
                 f"unsupported GGUF architecture {arch!r}; supported: llama (incl. Mistral), "
-                "qwen2, qwen3, gemma3"
+                "qwen2, qwen3, smollm3, gemma3"
             )
         tensors = {t.name: t for t in reader.tensors}
 
@@ -171,6 +176,8 @@ class ModelSpec:
         rope_freqs = tensors.get("rope_freqs.weight")
         sliding = key("attention.sliding_window")
         gemma: dict[str, Any] = {"qk_norm": "blk.0.attn_q_norm.weight" in tensors}
+        if arch == "smollm3":
+            gemma["no_rope_layers"] = _every(int(key("block_count")), SMOLLM3_NO_ROPE_EVERY)
         if arch == "gemma3":
             layers = int(key("block_count"))
             gemma = _gemma3_extras(
@@ -196,6 +203,20 @@ class ModelSpec:
             sliding_window=int(sliding) if sliding else None,
             **gemma,
         )
+
+
+def _every(layers: int, step: int) -> tuple[int, ...]:
+    """Layers step - 1, 2 * step - 1, ...: every `step`-th layer."""
+    return tuple(i for i in range(layers) if (i + 1) % step == 0)
+
+
+def _hf_no_rope_layers(cfg: dict[str, Any]) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: `no_rope_layers` holds 1 where a layer uses RoPE."""
+    flags = cfg.get("no_rope_layers")
+    if flags:
+        return tuple(i for i, use in enumerate(flags) if not use)
+    step = int(cfg.get("no_rope_layer_interval") or SMOLLM3_NO_ROPE_EVERY)
+    return _every(int(cfg["num_hidden_layers"]), step)
 
 
 def _gemma3_pattern(layers: int, every: int) -> tuple[str, ...]:

@@ -98,9 +98,9 @@ def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True) -> dict[
         for gguf_name, hf_name, shape, qtype in LAYER_TENSORS:
             if ".bias" in gguf_name and arch != "qwen2":
                 continue
-            # llama.cpp permutes q/k rows of llama models only (Qwen2/3 use NeoX RoPE).
+            # llama.cpp permutes q/k rows of Llama-style models only (Qwen2/3 use NeoX RoPE).
             heads = {"attn_q.weight": HEADS, "attn_k.weight": KV_HEADS}.get(gguf_name, 0)
-            permute = heads if arch == "llama" else 0
+            permute = heads if arch in ("llama", "smollm3") else 0
             add(f"blk.{i}.{gguf_name}", f"model.layers.{i}.{hf_name}", shape, qtype, permute)
         if arch == "qwen3":  # per-head q/k RMSNorm
             for x in ("q", "k"):
@@ -123,7 +123,8 @@ def tolerance(name: str) -> float:
 
 
 @pytest.mark.parametrize(
-    ("arch", "tied"), [("llama", True), ("llama", False), ("qwen2", True), ("qwen3", True)]
+    ("arch", "tied"),
+    [("llama", True), ("llama", False), ("qwen2", True), ("qwen3", True), ("smollm3", True)],
 )
 def test_tiny_gguf_round_trip(tmp_path: Path, arch: str, tied: bool) -> None:
     path = tmp_path / "tiny.gguf"
