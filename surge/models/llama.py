@@ -1,8 +1,9 @@
 """Llama-family causal LM written for paged attention.
 
 One class serves Llama 2/3, SmolLM2, Mistral, Qwen2 (attention biases), Qwen3 (norms on q/k),
-SmolLM3 (layers without RoPE) and Gemma 3 (norms on q/k and on each block's outputs, GeGLU,
-scaled embeddings, sliding-window layers with a RoPE of their own) by `ModelSpec` flags.
+SmolLM3 (layers without RoPE), Granite (scaled embeddings, residuals and logits) and Gemma 3
+(norms on q/k and on each block's outputs, GeGLU, scaled embeddings, sliding-window layers with a
+RoPE of their own) by `ModelSpec` flags.
 Tokens of all requests in a step are flattened into one [num_tokens] batch: no padding.
 """
 
@@ -71,6 +72,7 @@ class DecoderLayer(nn.Module):
         self.post_attn_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if sandwich else None
         self.post_mlp_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps) if sandwich else None
         self.local_rope = spec.window(layer) is not None and spec.rope_local_theta is not None
+        self.residual_scale = spec.residual_scale  # Granite; 1.0 elsewhere
 
     def forward(
         self, x: Tensor, positions: Tensor, rotary: RotaryEmbedding, attn: AttnMetadata
@@ -78,10 +80,14 @@ class DecoderLayer(nn.Module):
         h = self.self_attn(self.input_layernorm(x), positions, rotary, attn)
         if self.post_attn_norm is not None:
             h = self.post_attn_norm(h)
+        if self.residual_scale != 1.0:
+            h = h * self.residual_scale
         x = x + h
         h = self.mlp(self.post_attention_layernorm(x))
         if self.post_mlp_norm is not None:
             h = self.post_mlp_norm(h)
+        if self.residual_scale != 1.0:
+            h = h * self.residual_scale
         return x + h
 
 
@@ -128,6 +134,12 @@ class LlamaForCausalLM(nn.Module):
         return self.compute_logits(x)
 
     def compute_logits(self, x: Tensor) -> Tensor:  # [num_sampled, hidden] -> [.., vocab]
+        logits = self._logits(x)
+        if self.spec.logit_scale != 1.0:  # Granite divides its logits
+            logits = logits / self.spec.logit_scale
+        return logits
+
+    def _logits(self, x: Tensor) -> Tensor:
         # float32 logits: the sampler works in fp32, and argmax over bf16 is ~2x slower on CPU.
         if isinstance(self.lm_head, Int8Linear):  # straight to float32: no bf16 pass between
             return self.lm_head(x, torch.float32)

@@ -11,7 +11,7 @@ import numpy as np
 
 from surge.models.gguf_file import GGUFSource
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite", "gemma3")
 ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
 
 _HF_ARCHITECTURES = {
@@ -20,6 +20,7 @@ _HF_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "SmolLM3ForCausalLM": "smollm3",
+    "GraniteForCausalLM": "granite",
     "Gemma3ForCausalLM": "gemma3",
 }
 _HF_MODEL_TYPES = {"gemma3_text": "gemma3"}
@@ -80,6 +81,8 @@ class ModelSpec:
     embed_scale: float = 1.0  # embeddings are multiplied by this (Gemma: sqrt(hidden))
     attn_scale: float | None = None  # None: head_dim ** -0.5
     no_rope_layers: tuple[int, ...] = ()  # layers whose attention has no RoPE (SmolLM3)
+    residual_scale: float = 1.0  # each block's output is scaled by this before the residual
+    logit_scale: float = 1.0  # logits are divided by this (Granite's logits_scaling)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -110,6 +113,7 @@ class ModelSpec:
             not self.qk_norm and not self.sandwich_norm and self.hidden_act == "silu"
             and self.embed_scale == 1.0 and self.attn_scale is None
             and all(t == FULL for t in self.layer_types) and not self.no_rope_layers
+            and self.residual_scale == 1.0
         )  # fmt: skip
 
     @classmethod
@@ -145,16 +149,17 @@ class ModelSpec:
             sliding_window=int(sliding) if sliding else None,
             qk_norm=arch == "qwen3",  # Qwen3: RMSNorm on each head's q and k before RoPE
             no_rope_layers=_hf_no_rope_layers(cfg) if arch == "smollm3" else (),
+            **(_granite_from_hf(cfg) if arch == "granite" else {}),
         )
 
     @classmethod
     def from_gguf(cls, reader: GGUFSource) -> ModelSpec:
         """Spec from GGUF metadata ("{arch}.*" keys) and the tensors the file holds."""
         arch = str(_field(reader, "general.architecture"))
-        if arch not in ("llama", "qwen2", "qwen3", "smollm3", "gemma3"):
+        if arch not in ("llama", "qwen2", "qwen3", "smollm3", "granite", "gemma3"):
             raise ValueError(
                 f"unsupported GGUF architecture {arch!r}; supported: llama (incl. Mistral), "
-                "qwen2, qwen3, smollm3, gemma3"
+                "qwen2, qwen3, smollm3, granite, gemma3"
             )
         tensors = {t.name: t for t in reader.tensors}
 
@@ -178,6 +183,13 @@ class ModelSpec:
         gemma: dict[str, Any] = {"qk_norm": "blk.0.attn_q_norm.weight" in tensors}
         if arch == "smollm3":
             gemma["no_rope_layers"] = _every(int(key("block_count")), SMOLLM3_NO_ROPE_EVERY)
+        if arch == "granite":
+            gemma |= {
+                "embed_scale": _f32(key("embedding_scale", 1.0)),
+                "attn_scale": _f32(key("attention.scale", head_dim**-0.5)),
+                "residual_scale": _f32(key("residual_scale", 1.0)),
+                "logit_scale": _f32(key("logit_scale", 1.0)),
+            }
         if arch == "gemma3":
             layers = int(key("block_count"))
             gemma = _gemma3_extras(
@@ -203,6 +215,19 @@ class ModelSpec:
             sliding_window=int(sliding) if sliding else None,
             **gemma,
         )
+
+
+def _granite_from_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Granite's four multipliers (each 1.0 in a plain Llama)."""
+    for bias in ("attention_bias", "mlp_bias"):
+        if cfg.get(bias):
+            raise ValueError(f"Granite with {bias} is not supported")
+    return {
+        "embed_scale": float(cfg.get("embedding_multiplier", 1.0)),
+        "attn_scale": float(cfg.get("attention_multiplier", 1.0)),
+        "residual_scale": float(cfg.get("residual_multiplier", 1.0)),
+        "logit_scale": float(cfg.get("logits_scaling", 1.0)),
+    }
 
 
 def _every(layers: int, step: int) -> tuple[int, ...]:

@@ -38,6 +38,10 @@ LAYER_TENSORS: list[tuple[str, str, Shape, Q]] = [
 ]
 
 
+GRANITE_SCALES = {"embedding_scale": 6.0, "attention.scale": 0.5, "residual_scale": 0.25,
+                  "logit_scale": 4.0}  # fmt: skip
+
+
 def byte_alphabet() -> list[str]:
     keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     extra = iter(range(256, 512))
@@ -68,6 +72,9 @@ def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True) -> dict[
     writer.add_head_count_kv(KV_HEADS)
     writer.add_rope_freq_base(50000.0)
     writer.add_layer_norm_rms_eps(1e-6)
+    if arch == "granite":  # its multipliers, as llama.cpp's converter names them
+        for key, value in GRANITE_SCALES.items():
+            writer.add_float32(f"granite.{key}", value)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
     writer.add_token_list(tokens)
@@ -100,7 +107,7 @@ def write_tiny_gguf(path: Path, arch: str = "llama", tied: bool = True) -> dict[
                 continue
             # llama.cpp permutes q/k rows of Llama-style models only (Qwen2/3 use NeoX RoPE).
             heads = {"attn_q.weight": HEADS, "attn_k.weight": KV_HEADS}.get(gguf_name, 0)
-            permute = heads if arch in ("llama", "smollm3") else 0
+            permute = heads if arch in ("llama", "smollm3", "granite") else 0
             add(f"blk.{i}.{gguf_name}", f"model.layers.{i}.{hf_name}", shape, qtype, permute)
         if arch == "qwen3":  # per-head q/k RMSNorm
             for x in ("q", "k"):
@@ -122,10 +129,11 @@ def tolerance(name: str) -> float:
     return next((tol for key, tol in TOLERANCE.items() if key in name), 0.0)
 
 
-@pytest.mark.parametrize(
-    ("arch", "tied"),
-    [("llama", True), ("llama", False), ("qwen2", True), ("qwen3", True), ("smollm3", True)],
-)
+ARCHES = [("llama", True), ("llama", False), ("qwen2", True), ("qwen3", True),
+          ("smollm3", True), ("granite", True)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("arch", "tied"), ARCHES)
 def test_tiny_gguf_round_trip(tmp_path: Path, arch: str, tied: bool) -> None:
     path = tmp_path / "tiny.gguf"
     expected = write_tiny_gguf(path, arch, tied)
@@ -142,6 +150,9 @@ def test_tiny_gguf_round_trip(tmp_path: Path, arch: str, tied: bool) -> None:
     assert spec.tie_word_embeddings is tied
     assert spec.attention_bias is (arch == "qwen2")
     assert spec.qk_norm is (arch == "qwen3")
+    scales = (spec.embed_scale, spec.attn_scale, spec.residual_scale, spec.logit_scale)
+    if arch == "granite":
+        assert scales == tuple(GRANITE_SCALES.values())
     weights = dict(model.weights())
     assert set(weights) == set(expected)
     for name, value in expected.items():

@@ -58,9 +58,9 @@ def gguf_weights(reader: GGUFSource, spec: ModelSpec) -> Iterator[tuple[str, tor
     """Yield (HF name, float32 tensor in HF shape) for every parameter in the file."""
     arch = reader.get_field("general.architecture")
     # llama.cpp's converter interleaves q/k rows for its RoPE on llama models only.
-    # llama.cpp's converter permutes q/k rows for its Llama-style RoPE (SmolLM3 is converted
-    # as a Llama); Qwen and Gemma use NeoX RoPE, unpermuted.
-    permuted = arch is not None and arch.contents() in ("llama", "smollm3")
+    # llama.cpp's converter permutes q/k rows for its Llama-style RoPE (SmolLM3 and Granite are
+    # converted as Llamas); Qwen and Gemma use NeoX RoPE, unpermuted.
+    permuted = arch is not None and arch.contents() in ("llama", "smollm3", "granite")
     for tensor in reader.tensors:
         if tensor.name in _SKIPPED:
             continue
