@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +74,24 @@ def rope_inv_freq(
         return torch.where(mid, blended, scaled).float(), 1.0
     if kind == "yarn":
         return _yarn_inv_freq(inv_freq, head_dim, theta, scaling, original)
+    if kind == "longrope":
+        return _longrope_inv_freq(head_dim, theta, scaling.short_factor, scaling, original)
     raise ValueError(f"unsupported rope scaling type {kind!r}")
+
+
+def _longrope_inv_freq(
+    head_dim: int, theta: float, factors: Sequence[float], scaling: RopeScaling, original: int
+) -> tuple[Tensor, float]:
+    """Phi-3's LongRoPE: each frequency divided by its own factor, and one attention factor."""
+    if len(factors) != head_dim // 2:
+        raise ValueError(f"longrope has {len(factors)} factors for {head_dim // 2} frequencies")
+    shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv = 1.0 / (torch.tensor(factors, dtype=torch.float32) * theta**shape)
+    mscale = scaling.attn_factor
+    if mscale is None:
+        factor = scaling.factor
+        mscale = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+    return inv, mscale
 
 
 def _yarn_inv_freq(
@@ -101,26 +119,46 @@ def _yarn_inv_freq(
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style (rotate-half) rotary embedding with a precomputed cos/sin table."""
+    """Neox-style (rotate-half) rotary embedding with a precomputed cos/sin table, over the
+    first `rotary_dim` of each head (the rest passes through: partial rotary).
 
-    cos: Tensor  # [max_position, head_dim]
+    LongRoPE's two sets of factors go by position: the short ones below the original context
+    length, the long ones from it on. transformers switches a whole sequence to the long ones
+    once it outgrows the original length (re-rotating its cached keys); a row per position keeps
+    each token's keys as they were cached, whatever the batch, and equals transformers up to
+    the original length."""
+
+    cos: Tensor  # [max_position, rotary_dim]
     sin: Tensor
 
     def __init__(
-        self, head_dim: int, theta: float, scaling: RopeScaling | None, max_position: int
+        self, rotary_dim: int, theta: float, scaling: RopeScaling | None, max_position: int
     ) -> None:
         super().__init__()
-        inv_freq, mscale = rope_inv_freq(head_dim, theta, scaling, max_position)
+        self.rotary_dim = rotary_dim
+        inv_freq, mscale = rope_inv_freq(rotary_dim, theta, scaling, max_position)
         t = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq)  # [max_position, head_dim // 2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
+        freqs = torch.outer(t, inv_freq)  # [max_position, rotary_dim // 2]
+        if scaling is not None and scaling.kind == "longrope":
+            original = scaling.original_max_position_embeddings or max_position
+            long_inv, _ = _longrope_inv_freq(rotary_dim, theta, scaling.long_factor, scaling,
+                                             original)  # fmt: skip
+            far = (t >= original).unsqueeze(1)
+            freqs = torch.where(far, torch.outer(t, long_inv), freqs)
+        emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, rotary_dim]
         self.register_buffer("cos", emb.cos() * mscale, persistent=False)
         self.register_buffer("sin", emb.sin() * mscale, persistent=False)
 
     def forward(self, positions: Tensor, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         # q: [num_tokens, heads, head_dim], k: [num_tokens, kv_heads, head_dim]
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim]
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, rotary_dim]
         sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        r = self.rotary_dim
+        if r < q.shape[-1]:
+            q_rot, k_rot = q[..., :r], k[..., :r]
+            q_rot = q_rot * cos + _rotate_half(q_rot) * sin
+            k_rot = k_rot * cos + _rotate_half(k_rot) * sin
+            return torch.cat((q_rot, q[..., r:]), -1), torch.cat((k_rot, k[..., r:]), -1)
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

@@ -1,9 +1,9 @@
 """Llama-family causal LM written for paged attention.
 
 One class serves Llama 2/3, SmolLM2, Mistral, Qwen2 (attention biases), Qwen3 (norms on q/k),
-SmolLM3 (layers without RoPE), Granite (scaled embeddings, residuals and logits) and Gemma 3
-(norms on q/k and on each block's outputs, GeGLU, scaled embeddings, sliding-window layers with a
-RoPE of their own) by `ModelSpec` flags.
+SmolLM3 (layers without RoPE), Granite (scaled embeddings, residuals and logits), Phi-3 (partial
+RoPE, LongRoPE, a window on every layer) and Gemma 3 (norms on q/k and on each block's outputs,
+GeGLU, scaled embeddings, sliding-window layers with a RoPE of their own) by `ModelSpec` flags.
 Tokens of all requests in a step are flattened into one [num_tokens] batch: no padding.
 """
 
@@ -104,19 +104,20 @@ class LlamaForCausalLM(nn.Module):
             else nn.Linear(spec.hidden_size, spec.vocab_size, False)
         )
         self.rotary = RotaryEmbedding(
-            spec.head_dim, spec.rope_theta, spec.rope_scaling, max_position
+            spec.rotary_dim or spec.head_dim, spec.rope_theta, spec.rope_scaling, max_position
         )
         self.local_rotary: RotaryEmbedding | None = None  # sliding layers' own RoPE (Gemma 3)
 
     def build_rotary(self, max_position: int, device: torch.device) -> None:
         """The cos/sin tables, float32 whatever the model's dtype (built after any cast)."""
         spec = self.spec
+        rotary_dim = spec.rotary_dim or spec.head_dim
         self.rotary = RotaryEmbedding(
-            spec.head_dim, spec.rope_theta, spec.rope_scaling, max_position
+            rotary_dim, spec.rope_theta, spec.rope_scaling, max_position
         ).to(device)
         if spec.rope_local_theta is not None:
             self.local_rotary = RotaryEmbedding(
-                spec.head_dim, spec.rope_local_theta, None, max_position
+                rotary_dim, spec.rope_local_theta, None, max_position
             ).to(device)
 
     def forward(self, input_ids: Tensor, positions: Tensor, attn: AttnMetadata) -> Tensor:

@@ -11,8 +11,10 @@ import numpy as np
 
 from surge.models.gguf_file import GGUFSource
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite", "gemma3")
-ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn")
+SUPPORTED_ARCHITECTURES = (
+    "llama", "mistral", "qwen2", "qwen3", "smollm3", "granite", "phi3", "gemma3",
+)  # fmt: skip
+ROPE_SCALING_KINDS = ("linear", "dynamic", "llama3", "yarn", "longrope")
 
 _HF_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -21,6 +23,7 @@ _HF_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "SmolLM3ForCausalLM": "smollm3",
     "GraniteForCausalLM": "granite",
+    "Phi3ForCausalLM": "phi3",
     "Gemma3ForCausalLM": "gemma3",
 }
 _HF_MODEL_TYPES = {"gemma3_text": "gemma3"}
@@ -37,14 +40,17 @@ _LLAMA3_ORIGINAL_CONTEXT = 8192
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    kind: str  # "linear" | "dynamic" | "llama3" | "yarn"
+    kind: str  # one of ROPE_SCALING_KINDS
     factor: float
     original_max_position_embeddings: int | None = None
     low_freq_factor: float = 1.0  # llama3
     high_freq_factor: float = 4.0  # llama3
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
-    attn_factor: float | None = None  # yarn mscale override
+    attn_factor: float | None = None  # yarn mscale override; longrope's attention factor
+    # longrope (Phi-3): per-frequency divisors below and from the original context length
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ROPE_SCALING_KINDS:
@@ -83,6 +89,7 @@ class ModelSpec:
     no_rope_layers: tuple[int, ...] = ()  # layers whose attention has no RoPE (SmolLM3)
     residual_scale: float = 1.0  # each block's output is scaled by this before the residual
     logit_scale: float = 1.0  # logits are divided by this (Granite's logits_scaling)
+    rotary_dim: int = 0  # RoPE on the first rotary_dim of each head (Phi-4-mini); 0: all
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -113,7 +120,7 @@ class ModelSpec:
             not self.qk_norm and not self.sandwich_norm and self.hidden_act == "silu"
             and self.embed_scale == 1.0 and self.attn_scale is None
             and all(t == FULL for t in self.layer_types) and not self.no_rope_layers
-            and self.residual_scale == 1.0
+            and self.residual_scale == 1.0 and self.rotary_dim in (0, self.head_dim)
         )  # fmt: skip
 
     @classmethod
@@ -131,6 +138,16 @@ class ModelSpec:
         sliding = cfg.get("sliding_window")
         if arch in ("qwen2", "qwen3", "smollm3") and not cfg.get("use_sliding_window", False):
             sliding = None  # their configs carry a window they do not use
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        partial = float(rope_params.get("partial_rotary_factor",
+                                        cfg.get("partial_rotary_factor", 1.0)))  # fmt: skip
+        extras: dict[str, Any] = {"rotary_dim": int(head_dim * partial) if partial != 1 else 0}
+        if arch == "phi3" and sliding:  # Phi-3: every layer attends to the window
+            extras["layer_types"] = (SLIDING,) * int(cfg["num_hidden_layers"])
+        if arch == "smollm3":
+            extras["no_rope_layers"] = _hf_no_rope_layers(cfg)
+        if arch == "granite":
+            extras |= _granite_from_hf(cfg)
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -139,27 +156,26 @@ class ModelSpec:
             num_layers=int(cfg["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(theta),
-            rope_scaling=_hf_rope_scaling(scaling),
+            rope_scaling=_hf_rope_scaling(scaling, cfg),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
             sliding_window=int(sliding) if sliding else None,
             qk_norm=arch == "qwen3",  # Qwen3: RMSNorm on each head's q and k before RoPE
-            no_rope_layers=_hf_no_rope_layers(cfg) if arch == "smollm3" else (),
-            **(_granite_from_hf(cfg) if arch == "granite" else {}),
+            **extras,
         )
 
     @classmethod
     def from_gguf(cls, reader: GGUFSource) -> ModelSpec:
         """Spec from GGUF metadata ("{arch}.*" keys) and the tensors the file holds."""
         arch = str(_field(reader, "general.architecture"))
-        if arch not in ("llama", "qwen2", "qwen3", "smollm3", "granite", "gemma3"):
+        if arch not in ("llama", "qwen2", "qwen3", "smollm3", "granite", "phi3", "gemma3"):
             raise ValueError(
                 f"unsupported GGUF architecture {arch!r}; supported: llama (incl. Mistral), "
-                "qwen2, qwen3, smollm3, granite, gemma3"
+                "qwen2, qwen3, smollm3, granite, phi3, gemma3"
             )
         tensors = {t.name: t for t in reader.tensors}
 
@@ -170,8 +186,6 @@ class ModelSpec:
         heads = int(key("attention.head_count"))
         head_dim = int(key("attention.key_length", hidden // heads))
         rot_dim = int(key("rope.dimension_count", head_dim))
-        if rot_dim != head_dim:
-            raise ValueError(f"partial rotary embeddings ({rot_dim} of {head_dim}) not supported")
         vocab = key("vocab_size")
         if vocab is None:
             vocab = len(_field(reader, "tokenizer.ggml.tokens", []))
@@ -180,7 +194,12 @@ class ModelSpec:
         spec_arch = "mistral" if arch == "llama" and "mistral" in name else arch
         rope_freqs = tensors.get("rope_freqs.weight")
         sliding = key("attention.sliding_window")
-        gemma: dict[str, Any] = {"qk_norm": "blk.0.attn_q_norm.weight" in tensors}
+        gemma: dict[str, Any] = {
+            "qk_norm": "blk.0.attn_q_norm.weight" in tensors,
+            "rotary_dim": rot_dim if rot_dim != head_dim else 0,
+        }
+        if arch == "phi3" and sliding:  # every layer attends to the window
+            gemma["layer_types"] = (SLIDING,) * int(key("block_count"))
         if arch == "smollm3":
             gemma["no_rope_layers"] = _every(int(key("block_count")), SMOLLM3_NO_ROPE_EVERY)
         if arch == "granite":
@@ -328,11 +347,22 @@ def _hf_architecture(cfg: dict[str, Any]) -> str:
     )
 
 
-def _hf_rope_scaling(raw: dict[str, Any]) -> RopeScaling | None:
+def _hf_rope_scaling(raw: dict[str, Any], cfg: dict[str, Any] | None = None) -> RopeScaling | None:
     kind = raw.get("rope_type", raw.get("type"))
     if kind in (None, "default", "none"):
         return None
-    orig = raw.get("original_max_position_embeddings")
+    cfg = cfg or {}
+    orig = raw.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+    if kind in ("longrope", "su"):  # Phi-3's: its factor is the ratio of the two lengths
+        if orig is None:
+            raise ValueError("longrope needs original_max_position_embeddings")
+        factor = raw.get("factor") or int(cfg.get("max_position_embeddings", orig)) / int(orig)
+        return RopeScaling(
+            kind="longrope", factor=float(factor), original_max_position_embeddings=int(orig),
+            attn_factor=_opt_float(raw.get("attention_factor")),
+            short_factor=tuple(float(x) for x in raw["short_factor"]),
+            long_factor=tuple(float(x) for x in raw["long_factor"]),
+        )  # fmt: skip
     return RopeScaling(
         kind=str(kind),
         factor=float(raw["factor"]),
@@ -354,6 +384,17 @@ def _gguf_rope_scaling(
     kind = key("type")
     factor = key("factor")
     orig = key("original_context_length")
+    long, short = (
+        _tensor(reader, "rope_factors_long.weight"),
+        _tensor(reader, "rope_factors_short.weight"),
+    )
+    if long is not None and short is not None and orig:  # Phi-3's LongRoPE
+        context = int(_field(reader, f"{arch}.context_length", orig))
+        return RopeScaling(
+            kind="longrope", factor=context / int(orig), original_max_position_embeddings=int(orig),
+            attn_factor=_opt_float(key("attn_factor")),
+            short_factor=tuple(float(x) for x in short), long_factor=tuple(float(x) for x in long),
+        )  # fmt: skip
     if kind in ("linear", "yarn") and factor:
         return RopeScaling(
             kind=str(kind),
@@ -368,6 +409,15 @@ def _gguf_rope_scaling(
     if rope_freqs is None:
         return None
     return _llama3_from_rope_freqs(reader, arch, rope_freqs, head_dim)
+
+
+def _tensor(reader: GGUFSource, name: str) -> np.ndarray | None:
+    """A small tensor's values as float64 (None when the file has none by that name)."""
+    found = next((t for t in reader.tensors if t.name == name), None)
+    if found is None:
+        return None
+    values = gguf.quants.dequantize(found.data, found.tensor_type)
+    return np.asarray(values).reshape(-1).astype(np.float64)
 
 
 def _llama3_from_rope_freqs(

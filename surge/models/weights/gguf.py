@@ -36,35 +36,39 @@ _LAYER_NAMES = {
     "post_attention_norm.weight": "post_attn_norm.weight",
     "post_ffw_norm.weight": "post_mlp_norm.weight",
 }
+# Phi-3 keeps q/k/v and gate/up fused, as the model's own projections are.
+_FUSED_NAMES = {
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",
+}
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
-# Already folded into ModelSpec.rope_scaling, not a model parameter.
-_SKIPPED = frozenset({"rope_freqs.weight"})
+# Already folded into ModelSpec.rope_scaling, not model parameters.
+_SKIPPED = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, fused: bool = False) -> str:
     """HF parameter name for a llama.cpp tensor name, e.g. blk.3.attn_q.weight ->
-    model.layers.3.self_attn.q_proj.weight."""
+    model.layers.3.self_attn.q_proj.weight; `fused`: a Phi-3 file (ffn_up is gate and up)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
-        raise ValueError(
-            f"unsupported GGUF tensor {gguf_name!r} (not a llama/qwen2/qwen3/gemma3 weight)"
-        )
-    return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    names = {**_LAYER_NAMES, **_FUSED_NAMES} if fused else _LAYER_NAMES
+    if match is None or match.group(2) not in names:
+        raise ValueError(f"unsupported GGUF tensor {gguf_name!r}")
+    return f"model.layers.{match.group(1)}.{names[match.group(2)]}"
 
 
 def gguf_weights(reader: GGUFSource, spec: ModelSpec) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, float32 tensor in HF shape) for every parameter in the file."""
     arch = reader.get_field("general.architecture")
-    # llama.cpp's converter interleaves q/k rows for its RoPE on llama models only.
+    fused = arch is not None and arch.contents() == "phi3"
     # llama.cpp's converter permutes q/k rows for its Llama-style RoPE (SmolLM3 and Granite are
     # converted as Llamas); Qwen and Gemma use NeoX RoPE, unpermuted.
     permuted = arch is not None and arch.contents() in ("llama", "smollm3", "granite")
     for tensor in reader.tensors:
         if tensor.name in _SKIPPED:
             continue
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, fused)
         weight = dequantize(tensor)
         if permuted and ".self_attn.q_proj." in name:
             weight = unpermute_rope_rows(weight, spec.num_heads)
