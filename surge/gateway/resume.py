@@ -42,20 +42,20 @@ class StreamResume:
     text: str = ""  # choice 0's text sent so far
     resumable: bool = True  # False once anything was sent that a continuation cannot carry
     prefix_tokens: int = 0  # the tokens of `text` when the stream was resumed (usage)
-    resumed: bool = False
 
     @classmethod
     def plan(cls, path: str, body: dict[str, Any] | None) -> StreamResume | None:
         """A tracker for a streamed request whose answer can be continued, else None."""
-        if body is None or body.get("stream") is not True or body.get("n", 1) != 1:
+        if body is None or body.get("stream") is not True or body.get("n") not in (None, 1):
             return None
         if any(body.get(name) not in (None, False, []) for name in _NOT_RESUMABLE):
             return None
         if path == COMPLETIONS:
             ok = isinstance(body.get("prompt"), str) and not body.get("echo")
         elif path == CHAT:
-            fmt = body.get("response_format") or {"type": "text"}
-            ok = (isinstance(body.get("messages"), list) and fmt.get("type") == "text"
+            fmt = body.get("response_format")  # the client's JSON: any shape until validated
+            plain = fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text")
+            ok = (isinstance(body.get("messages"), list) and plain
                   and body.get("add_generation_prompt", True) is True)  # fmt: skip
         else:
             ok = False
@@ -96,7 +96,7 @@ class StreamResume:
             body["messages"] = [*body["messages"], {"role": "assistant", "content": self.text}]
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
-        self.prefix_tokens, self.resumed = sent_tokens, True
+        self.prefix_tokens = sent_tokens
         return json.dumps(body).encode()
 
     def rewrite(self, events: bytes) -> bytes:

@@ -114,7 +114,8 @@ def test_what_cannot_go_on_is_not_planned() -> None:
     assert StreamResume.plan("/v1/chat/completions", chat) is not None
     for extra in ({"tools": [{"type": "function", "function": {"name": "f"}}]}, {"n": 2},
                   {"logprobs": True}, {"response_format": {"type": "json_object"}},
-                  {"stream": False}, {"structured_outputs": {"regex": "a+"}}):  # fmt: skip
+                  {"stream": False}, {"structured_outputs": {"regex": "a+"}},
+                  {"response_format": "not an object"}):  # fmt: skip
         assert StreamResume.plan("/v1/chat/completions", {**chat, **extra}) is None, extra
     assert StreamResume.plan("/v1/completions", {"prompt": [1, 2], "stream": True}) is None
     assert (

@@ -6,6 +6,7 @@ stored_responses.py for GET, DELETE, input_items and cancel)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -72,7 +73,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     if body.background:
         queued = response_body(body, model, rid, created, "queued", [], None, store)
         state.responses.put(StoredResponse(queued, items, [], owner))
-        done = lambda: _finished(chat, body, model, rid, created, store)  # noqa: E731
+        done = functools.partial(_finished, chat, body, model, rid, created, store)
         task = asyncio.create_task(_in_background(chat, queued, done, save))
         state.background[rid] = task
         task.add_done_callback(lambda _: state.background.pop(rid, None))
