@@ -144,6 +144,15 @@ class ServerMetrics:
         self.engine_healthy = Gauge(
             "vllm:engine_healthy", "1 when the engine is serving, else 0.", m, registry=reg
         )
+        # The Responses API's stored responses, and those running in the background.
+        self.responses_stored = Gauge(
+            "surge:responses_stored", "Responses API responses kept for later turns.", m,
+            registry=reg,
+        )  # fmt: skip
+        self.responses_background = Gauge(
+            "surge:responses_background", "Background responses not finished yet.", m,
+            registry=reg,
+        )  # fmt: skip
 
         # Per finished request.
         self.request_success = Counter(
@@ -404,6 +413,10 @@ class ServerMetrics:
 
     def observe_abort(self, reason: str) -> None:
         self.aborts.labels(self.model_name, reason).inc()
+
+    def set_responses(self, stored: int, background: int) -> None:
+        self.responses_stored.labels(self.model_name).set(stored)
+        self.responses_background.labels(self.model_name).set(background)
 
     def set_health(self, healthy: bool) -> None:
         self.engine_healthy.labels(self.model_name).set(1 if healthy else 0)

@@ -185,8 +185,10 @@ def test_background_responses_are_polled_and_can_be_cancelled(tiny_server: Serve
     # A long one, cancelled while it runs: its engine request ends, its status says so.
     long = client.responses.create(model="test-model", input="Go on.", max_output_tokens=1500,
                                    background=True)  # fmt: skip
+    assert tiny_server.metric("surge:responses_background", model_name="test-model") >= 1
     cancelled = client.responses.cancel(long.id)
     assert cancelled.status == "cancelled"
+    assert tiny_server.metric("surge:responses_stored", model_name="test-model") >= 2
     assert client.responses.retrieve(long.id).status == "cancelled"
     running = client.responses.create(model="test-model", input="Go on.", max_output_tokens=1500,
                                       background=True)  # fmt: skip

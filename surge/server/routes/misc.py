@@ -65,6 +65,7 @@ async def metrics(request: Request) -> Response:
     state = get_state(request)
     state.metrics.set_health(state.client.healthy)
     state.metrics.update_engine(state.client.take_stats())
+    state.metrics.set_responses(len(state.responses), len(state.background))
     if state.embeddings is not None:
         state.embeddings.metrics.set_queue_depth(state.embeddings.batcher.queue_depth)
     body, content_type = state.metrics.render()
