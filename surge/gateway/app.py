@@ -156,10 +156,12 @@ def build_app(config: GatewayConfig) -> FastAPI:
     @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                    response_model=None)  # fmt: skip
     async def passthrough(request: Request, rest: str) -> Response:
-        if rest == "models" and request.method == "GET" and (listing := _models(state)):
-            return listing
-        if rest.startswith("models/") and request.method == "GET" and (listing := _models(state)):
-            return _model_card(listing, rest.removeprefix("models/"))
+        if rest.startswith("models") and request.method == "GET":
+            cards = _model_cards(state)
+            if cards is not None and rest == "models":
+                return JSONResponse({"object": "list", "data": cards})
+            if cards is not None and rest.startswith("models/"):
+                return _model_card(cards, rest.removeprefix("models/"))
         route = "/v1/models" if rest == "models" else "/v1/other"
         return await _proxy(state, request, route, generation=False)
 
@@ -194,7 +196,7 @@ async def _start_background(
     return tasks
 
 
-def _models(state: GatewayState) -> JSONResponse | None:
+def _model_cards(state: GatewayState) -> list[dict[str, Any]] | None:
     """Every model the upstreams in rotation list (base models and LoRA adapters, from their
     /v1/models, scraped), or None when none has said (then one upstream answers)."""
     now_s = time.monotonic()
@@ -205,16 +207,14 @@ def _models(state: GatewayState) -> JSONResponse | None:
     for u in known:
         for name in u.models or ():
             served[name] = served.get(name, 0) + 1
-    cards = [
+    return [
         {"id": name, "object": "model", "owned_by": "surge", "upstreams": count}
         for name, count in sorted(served.items())
     ]
-    return JSONResponse({"object": "list", "data": cards})
 
 
-def _model_card(listing: JSONResponse, model: str) -> JSONResponse:
+def _model_card(cards: list[dict[str, Any]], model: str) -> JSONResponse:
     """One card of the fleet's listing (`client.models.retrieve`), or 404."""
-    cards = json.loads(bytes(listing.body))["data"]
     card = next((c for c in cards if c["id"] == model), None)
     if card is None:
         raise NotFound(f"The model `{model}` does not exist.", code="model_not_found")

@@ -18,7 +18,7 @@ error event as before.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -39,7 +39,7 @@ class StreamResume:
     body: dict[str, Any]  # the request as forwarded
     id: str | None = None
     created: int | None = None
-    text: str = ""  # choice 0's text sent so far
+    pieces: list[str] = field(default_factory=list)  # choice 0's text sent so far, in pieces
     resumable: bool = True  # False once anything was sent that a continuation cannot carry
     prefix_tokens: int = 0  # the tokens of `text` when the stream was resumed (usage)
 
@@ -70,12 +70,17 @@ class StreamResume:
                 if choice.get("index", 0) != 0:
                     self.resumable = False
                 elif self.path == COMPLETIONS:
-                    self.text += choice.get("text") or ""
+                    self.pieces.append(choice.get("text") or "")
                 else:
                     delta = choice.get("delta") or {}
                     if any(delta.get(k) for k in ("tool_calls", "reasoning", "reasoning_content")):
                         self.resumable = False
-                    self.text += delta.get("content") or ""
+                    self.pieces.append(delta.get("content") or "")
+
+    @property
+    def text(self) -> str:
+        """Choice 0's text sent so far (joined when asked: once, at the break)."""
+        return "".join(self.pieces)
 
     def continuation(self, sent_tokens: int) -> bytes | None:
         """The request for the rest, once `sent_tokens` tokens were sent; None when the token
@@ -90,10 +95,11 @@ class StreamResume:
             body[limit] = left
         if body.get("min_tokens"):
             body["min_tokens"] = max(0, int(body["min_tokens"]) - sent_tokens)
+        text = self.text
         if self.path == COMPLETIONS:
-            body["prompt"] = body["prompt"] + self.text
+            body["prompt"] = body["prompt"] + text
         else:
-            body["messages"] = [*body["messages"], {"role": "assistant", "content": self.text}]
+            body["messages"] = [*body["messages"], {"role": "assistant", "content": text}]
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
         self.prefix_tokens = sent_tokens

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from surge.server.tool_parsers.base import held_back
+
 START, END = "<think>", "</think>"
 
 
 @dataclass(frozen=True, slots=True)
 class ReasoningParser:
-    name: str
     thinks_first: bool  # the output begins inside the thinking, tag or not
 
     def split(self, text: str, final: bool, prompt_opens: bool = False) -> tuple[str, str]:
@@ -42,22 +43,13 @@ class ReasoningParser:
         end = body.find(END)
         if end >= 0:
             return body[:end].lstrip(), body[end + len(END) :].lstrip()
-        return _held(body, final).lstrip(), ""
-
-
-def _held(text: str, final: bool) -> str:
-    """`text` without a trailing partial `</think>` (it may be one, until more comes)."""
-    if final:
-        return text
-    for k in range(min(len(END) - 1, len(text)), 0, -1):
-        if END.startswith(text[-k:]):
-            return text[:-k]
-    return text
+        held = 0 if final else held_back(body, END)  # a partial `</think>` waits
+        return body[: len(body) - held].lstrip(), ""
 
 
 PARSERS = {
-    "qwen3": ReasoningParser("qwen3", thinks_first=False),
-    "deepseek_r1": ReasoningParser("deepseek_r1", thinks_first=True),
+    "qwen3": ReasoningParser(thinks_first=False),
+    "deepseek_r1": ReasoningParser(thinks_first=True),
 }
 
 

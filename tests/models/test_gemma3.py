@@ -14,7 +14,12 @@ import torch
 from surge.engine.llm import LLM
 from surge.models.spec import FULL, SLIDING, ModelSpec
 from surge.sampling_params import SamplingParams
-from tests.models.tiny_hf import save_with_tokenizer, tokenizer_vocab
+from tests.models.tiny_hf import (
+    assert_surge_greedy,
+    hf_greedy,
+    save_with_tokenizer,
+    tokenizer_vocab,
+)
 
 WINDOW = 8
 
@@ -42,30 +47,15 @@ def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) 
     return save_with_tokenizer(model, tmp_path_factory.mktemp("tiny-gemma3"), tiny_model_dir)
 
 
-def _reference(folder: Path, prompt: list[int], max_tokens: int) -> list[int]:
+def test_tiny_gemma3_matches_transformers(tiny_gemma3: Path) -> None:
     from transformers import Gemma3ForCausalLM
 
-    model = Gemma3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False, min_new_tokens=max_tokens)
-    return [int(t) for t in out[0, len(prompt) :]]
-
-
-def test_tiny_gemma3_matches_transformers(tiny_gemma3: Path) -> None:
     spec = ModelSpec.from_hf_config(json.loads((tiny_gemma3 / "config.json").read_text()))
     assert spec.architecture == "gemma3" and spec.window(0) == WINDOW and spec.window(2) is None
     assert spec.attn_scale == pytest.approx(24**-0.5) and not spec.llama_block
-    prompts = [[(37 * i + 11) % 5000 + 100 for i in range(n)] for n in (5, 21, 40)]
-    max_tokens = 14
-    expected = [_reference(tiny_gemma3, p, max_tokens) for p in prompts]
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    # One batch; then chunked prefill (6 tokens a step) with a prefix-cache hit on a repeat.
-    for kwargs in ({}, {"max_num_batched_tokens": 6, "block_size": 4}):
-        llm = LLM(model=str(tiny_gemma3), dtype="float32", kv_cache_memory_gib=0.05, **kwargs)  # type: ignore[arg-type]
-        outs = llm.generate([*prompts, prompts[2]], params)
-        got = [list(o.outputs[0].token_ids) for o in outs]
-        assert got[:3] == expected, kwargs
-        assert got[3] == expected[2]
+    max_tokens = 14  # prompts and outputs past the window
+    expected = hf_greedy(Gemma3ForCausalLM, tiny_gemma3, max_tokens)
+    assert_surge_greedy(tiny_gemma3, expected, max_tokens)
 
 
 @pytest.mark.slow

@@ -11,11 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from surge.engine.llm import LLM
 from surge.models.layers import RotaryEmbedding
 from surge.models.spec import ModelSpec
-from surge.sampling_params import SamplingParams
-from tests.models.tiny_hf import save_with_tokenizer, tokenizer_vocab
+from tests.models.tiny_hf import (
+    assert_surge_greedy,
+    hf_greedy,
+    save_with_tokenizer,
+    tokenizer_vocab,
+)
 
 ORIGINAL, WINDOW = 64, 24
 
@@ -50,21 +53,8 @@ def test_tiny_phi3_matches_transformers(tiny_phi3: Path) -> None:
     assert (spec.architecture, spec.rotary_dim, spec.window(0)) == ("phi3", 8, WINDOW)
     assert spec.rope_scaling is not None and spec.rope_scaling.kind == "longrope"
     assert spec.rope_scaling.factor == 512 / ORIGINAL
-    prompts = [[(37 * i + 11) % 5000 + 100 for i in range(n)] for n in (5, 21, 40)]
     max_tokens = 12  # 40 + 12 < 64: within the original context
-    ref = Phi3ForCausalLM.from_pretrained(tiny_phi3, dtype=torch.float32).eval()
-    expected = [
-        ref.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False,
-                     min_new_tokens=max_tokens)[0, len(p) :].tolist()
-        for p in prompts
-    ]  # fmt: skip
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    for kwargs in ({}, {"max_num_batched_tokens": 6, "block_size": 4}):
-        llm = LLM(model=str(tiny_phi3), dtype="float32", kv_cache_memory_gib=0.05, **kwargs)  # type: ignore[arg-type]
-        outs = llm.generate([*prompts, prompts[2]], params, use_tqdm=False)
-        got = [list(o.outputs[0].token_ids) for o in outs]
-        assert got[:3] == expected, kwargs
-        assert got[3] == expected[2]
+    assert_surge_greedy(tiny_phi3, hf_greedy(Phi3ForCausalLM, tiny_phi3, max_tokens), max_tokens)
 
 
 def test_longrope_rows_go_by_position(tiny_phi3: Path) -> None:

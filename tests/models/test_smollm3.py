@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from surge.engine.llm import LLM
 from surge.models.spec import ModelSpec
-from surge.sampling_params import SamplingParams
-from tests.models.tiny_hf import save_with_tokenizer, tokenizer_vocab
+from tests.models.tiny_hf import (
+    assert_surge_greedy,
+    hf_greedy,
+    save_with_tokenizer,
+    tokenizer_vocab,
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +45,7 @@ def test_tiny_smollm3_matches_transformers(tiny_smollm3: Path) -> None:
     spec = ModelSpec.from_hf_config(json.loads((tiny_smollm3 / "config.json").read_text()))
     assert (spec.architecture, spec.no_rope_layers) == ("smollm3", (1, 3))
     assert not spec.llama_block  # the fused CPU stack ropes every layer
-    prompts = [[(37 * i + 11) % 5000 + 100 for i in range(n)] for n in (5, 21, 40)]
     max_tokens = 12
-    ref = SmolLM3ForCausalLM.from_pretrained(tiny_smollm3, dtype=torch.float32).eval()
-    expected = [
-        ref.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False,
-                     min_new_tokens=max_tokens)[0, len(p) :].tolist()
-        for p in prompts
-    ]  # fmt: skip
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    for kwargs in ({}, {"max_num_batched_tokens": 6, "block_size": 4}):
-        llm = LLM(model=str(tiny_smollm3), dtype="float32", kv_cache_memory_gib=0.05, **kwargs)  # type: ignore[arg-type]
-        outs = llm.generate([*prompts, prompts[2]], params, use_tqdm=False)
-        got = [list(o.outputs[0].token_ids) for o in outs]
-        assert got[:3] == expected, kwargs
-        assert got[3] == expected[2]
+    assert_surge_greedy(
+        tiny_smollm3, hf_greedy(SmolLM3ForCausalLM, tiny_smollm3, max_tokens), max_tokens
+    )

@@ -87,11 +87,14 @@ class ChatJob:
         reasoning, rest = self.thinking.split(text, True, self.prompt_opens)
         return reasoning or None, rest
 
+    def read_calls(self, rest: str) -> tuple[str | None, list[ToolCall]]:
+        """The content and tool calls of a finished text's answer (`split`'s rest)."""
+        reader = self.plan or self.parser
+        return (rest, []) if reader is None else reader.answer(rest)
+
     def answer(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """The content and tool calls of a finished text (after any reasoning)."""
-        _, text = self.split(text)
-        reader = self.plan or self.parser
-        return (text, []) if reader is None else reader.answer(text)
+        return self.read_calls(self.split(text)[1])
 
     def reasoning_streams(self) -> list[ReasoningStream] | None:
         if self.thinking is None:
@@ -150,7 +153,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         reasoning, rest = chat.split(c.text)
         message = ChatResponseMessage(content=rest, reasoning=reasoning)
         finish_reason = c.finish_reason
-        content, calls = chat.answer(c.text)
+        content, calls = chat.read_calls(rest)
         if calls:
             tool_calls = [t.to_openai() for t in calls]
             message = ChatResponseMessage(content=content, reasoning=reasoning,

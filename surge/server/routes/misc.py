@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -15,7 +13,7 @@ from surge.server.protocol_responses import (
     ModelList,
     TokenizeResponse,
 )
-from surge.server.state import get_state
+from surge.server.state import ServerState, get_state
 
 router = APIRouter()
 
@@ -24,7 +22,21 @@ VERSION = "0.1.0"
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
-    state = get_state(request)
+    cards = _model_cards(get_state(request))
+    return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
+
+
+@router.get("/v1/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> JSONResponse:
+    """One model's card (`client.models.retrieve`): the base model, an adapter or the
+    embedding model; 404 otherwise."""
+    card = next((c for c in _model_cards(get_state(request)) if c.id == model), None)
+    if card is None:
+        raise NotFoundError.model_not_found(model)
+    return JSONResponse(card.model_dump(mode="json"))
+
+
+def _model_cards(state: ServerState) -> list[ModelCard]:
     base = state.config.served_model_name
     cards = [ModelCard(id=base, root=state.model_path, max_model_len=state.max_model_len)]
     cards += [
@@ -33,19 +45,7 @@ async def list_models(request: Request) -> JSONResponse:
     ]
     if (service := state.embeddings) is not None:
         cards.append(ModelCard(id=service.name, max_model_len=service.model.max_len))
-    return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
-
-
-@router.get("/v1/models/{model:path}")
-async def retrieve_model(model: str, request: Request) -> JSONResponse:
-    """One model's card (`client.models.retrieve`): the base model, an adapter or the
-    embedding model; 404 otherwise."""
-    listing = await list_models(request)
-    cards = json.loads(bytes(listing.body))["data"]
-    card = next((c for c in cards if c["id"] == model), None)
-    if card is None:
-        raise NotFoundError.model_not_found(model)
-    return JSONResponse(card)
+    return cards
 
 
 @router.get("/health")

@@ -94,8 +94,8 @@ def _finished(
 ) -> dict[str, Any]:
     """The response of a job run to its end."""
     choice = chat.job.choices[0]
-    content, calls = chat.answer(choice.text)
-    reasoning, _ = chat.split(choice.text)
+    reasoning, rest = chat.split(choice.text)
+    content, calls = chat.read_calls(rest)
     status = "incomplete" if choice.finish_reason == "length" else "completed"
     output = output_items(content, calls, reasoning)
     return response_body(body, model, rid, created, status, output, _usage(chat.job), store)

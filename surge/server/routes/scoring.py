@@ -7,6 +7,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from surge.server.embeddings import EmbeddingService
 from surge.server.protocol_scoring import (
     RerankRequest,
     ScoreRequest,
@@ -24,14 +25,12 @@ router = APIRouter()
 @router.post("/v1/score")
 async def score(body: ScoreRequest, request: Request) -> Response:
     service = embedding_service(request, body.model)
-    pairs = body.pairs()
-    texts, where = unique_texts([t for pair in pairs for t in pair])
-    token_ids = service.prepare(texts, body.truncate_prompt_tokens)
-    vectors = await embed_request(request, service, token_ids)
-    if vectors is None:
+    embedded = await _embed_each_once(request, service, [t for pair in body.pairs() for t in pair],
+                                      body.truncate_prompt_tokens)  # fmt: skip
+    if embedded is None:
         return Response(status_code=499)
+    vectors, where, num_tokens = embedded
     scores = cosine(vectors, where[0::2], where[1::2])
-    num_tokens = sum(len(ids) for ids in token_ids)
     return JSONResponse(score_response(scores, service.name, num_tokens))
 
 
@@ -41,11 +40,23 @@ async def score(body: ScoreRequest, request: Request) -> Response:
 async def rerank(body: RerankRequest, request: Request) -> Response:
     service = embedding_service(request, body.model)
     documents = body.texts()
-    texts, where = unique_texts([body.query, *documents])
-    token_ids = service.prepare(texts, body.truncate_prompt_tokens)
+    embedded = await _embed_each_once(request, service, [body.query, *documents],
+                                      body.truncate_prompt_tokens)  # fmt: skip
+    if embedded is None:
+        return Response(status_code=499)
+    vectors, where, num_tokens = embedded
+    scores = cosine(vectors, [where[0]] * len(documents), where[1:])
+    return JSONResponse(rerank_response(body, documents, scores, service.name, num_tokens))
+
+
+async def _embed_each_once(
+    request: Request, service: EmbeddingService, texts: list[str], truncate: int | None
+) -> tuple[list[list[float]], list[int], int] | None:
+    """The vectors of `texts`' distinct texts, where each of `texts` is among them, and the
+    tokens embedded; None when the client went away first."""
+    unique, where = unique_texts(texts)
+    token_ids = service.prepare(unique, truncate)
     vectors = await embed_request(request, service, token_ids)
     if vectors is None:
-        return Response(status_code=499)
-    scores = cosine(vectors, [where[0]] * len(documents), where[1:])
-    num_tokens = sum(len(ids) for ids in token_ids)
-    return JSONResponse(rerank_response(body, documents, scores, service.name, num_tokens))
+        return None
+    return vectors, where, sum(len(ids) for ids in token_ids)
