@@ -1,7 +1,7 @@
 """Relay an upstream's SSE stream to the client, chunk by chunk.
 
 Once a byte has gone to the client a request can no longer start over on another upstream, so
-a stream that breaks (connection lost, idle timeout, no `[DONE]`) is never replayed. A plain
+a stream that breaks (connection lost, idle timeout, no last event) is never replayed. A plain
 text answer is continued instead, once, by another upstream from where it stopped
 (`resume.py`); any other ends with an error event in the OpenAI shape and `data: [DONE]`. Only
 whole events are forwarded, so the client never sees half an event followed by the error.
@@ -25,7 +25,15 @@ from surge.gateway.resume import StreamResume
 # nothing is left to generate, or None (then the client gets the error).
 Resumer = Callable[[StreamResume], Awaitable["RelayStream | bytes | None"]]
 
-DONE = b"data: [DONE]"
+# A stream ends whole with one of these: chat and completions with [DONE]; the Responses API,
+# which sends no [DONE], with its response's last event (or an error event).
+LAST_EVENTS = (b"data: [DONE]", b"event: response.completed", b"event: response.incomplete",
+               b"event: response.failed", b"event: error")  # fmt: skip
+
+
+def ends_stream(events: bytes) -> bool:
+    """Whether these whole events hold a stream's last event (at the start of a line)."""
+    return any(events.startswith(m) or b"\n" + m in events for m in LAST_EVENTS)
 
 
 class Finisher(Protocol):
@@ -118,7 +126,7 @@ class RelayStream(StreamingResponse):
 
     async def _relay(self, first: bytes) -> AsyncGenerator[bytes, None]:
         ready, pending = split_events(first)
-        saw_done = DONE in ready
+        saw_done = ends_stream(ready)
         if ready:
             self._observe(ready)
             yield ready
@@ -128,7 +136,7 @@ class RelayStream(StreamingResponse):
             while (chunk := await self._next_chunk()) is not None:
                 ready, pending = split_events(pending + chunk)
                 if ready:
-                    saw_done = saw_done or DONE in ready
+                    saw_done = saw_done or ends_stream(ready)
                     self._observe(ready)
                     yield ready
         except TimeoutError as e:
@@ -141,7 +149,7 @@ class RelayStream(StreamingResponse):
             self._fail("stream_broken")
             error = BadGateway(f"upstream stream broke: {e!r}", code="upstream_stream_broken")
         else:
-            if saw_done or DONE in pending:
+            if saw_done or ends_stream(pending):
                 if pending:
                     yield pending
                 self._outcome = Outcome.SUCCESS

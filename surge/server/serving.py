@@ -222,22 +222,29 @@ def _map_engine_error(exc: BaseException) -> SurgeHTTPError:
     return ServiceUnavailableError(f"request failed: {exc}", retry_after_s=1)
 
 
-async def consume(job: Job) -> None:
-    """Run the job through the engine to its end (or its timeout), applying every event."""
+async def consume(
+    job: Job, observe: Callable[[list[tuple[int, SequenceDelta]]], None] | None = None
+) -> None:
+    """Run the job through the engine to its end (or its timeout), applying every event (and
+    handing its deltas to `observe`)."""
     events = job.events()
     try:
         async with asyncio.timeout(job.remaining_s()):
             async for ev in events:
-                job.apply(ev)
+                deltas = job.apply(ev)
+                if observe is not None:
+                    observe(deltas)
     finally:
         await events.aclose()  # type: ignore[attr-defined]
 
 
-async def run_detached(job: Job) -> None:
+async def run_detached(
+    job: Job, observe: Callable[[list[tuple[int, SequenceDelta]]], None] | None = None
+) -> None:
     """Consume the whole job with no client waiting on it (a background response); raises the
     HTTP error of a failure, CancelledError when cancelled."""
     try:
-        await consume(job)
+        await consume(job, observe)
     except asyncio.CancelledError:
         job.state.metrics.observe_abort("cancelled")
         raise

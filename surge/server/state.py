@@ -17,6 +17,7 @@ from surge.server.admission import Admission, AdmissionController
 from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
 from surge.server.errors import BadRequestError, NotFoundError, RateLimitError, SurgeHTTPError
+from surge.server.event_log import EventLogs
 from surge.server.rate_limit import RateLimiter
 from surge.server.reasoning import PARSERS as REASONING_PARSERS
 from surge.server.reasoning import ReasoningParser
@@ -39,6 +40,7 @@ class ServerState:
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(0))
     reasoning: ReasoningParser | None = None  # --reasoning-parser
     background: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # by response id
+    streams: EventLogs = field(default_factory=EventLogs)  # streamed background responses' events
 
     @classmethod
     def create(

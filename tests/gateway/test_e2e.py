@@ -193,6 +193,12 @@ def test_stored_responses_stay_with_the_upstream_that_holds_them(fleet: Fleet) -
     running = client.responses.create(input="Go on.", model="test-model", background=True,
                                       max_output_tokens=1500)  # fmt: skip
     assert client.responses.cancel(running.id).status == "cancelled"  # reaches its server
+    with client.responses.create(input="Hi!", background=True, stream=True, **common) as s:
+        seen = [next(iter(s)) for _ in range(3)]  # then the client goes away
+    rid = seen[0].response.id  # type: ignore[union-attr]
+    rest = list(client.responses.retrieve(rid, stream=True, starting_after=2))
+    assert [e.sequence_number for e in seen + rest] == list(range(len(seen) + len(rest)))
+    assert rest[-1].type == f"response.{client.responses.retrieve(rid).status}"
 
 
 def test_sighup_reloads_the_upstreams_file(fleet: Fleet) -> None:

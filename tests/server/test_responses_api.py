@@ -196,9 +196,48 @@ def test_background_responses_are_polled_and_can_be_cancelled(tiny_server: Serve
     time.sleep(0.2)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(running.id)
-    for extra in ({"stream": True}, {"store": False}):
-        with pytest.raises(openai.BadRequestError) as err:
-            client.responses.create(background=True, **ask, **extra)  # type: ignore[call-overload]
-        assert err.value.body["param"] == "background"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(background=True, store=False, **ask)  # type: ignore[call-overload]
+    assert err.value.body["param"] == "background"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as err:  # its events were not kept
+        client.responses.retrieve(whole.id, stream=True)
+    assert err.value.body["param"] == "stream"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError):  # only a background one can be cancelled
         client.responses.cancel(whole.id)
+
+
+def test_a_streamed_background_response_is_read_again_from_any_event(
+    tiny_server: ServerProcess,
+) -> None:
+    """The connection of a background stream breaks: the response goes on, and GET with
+    stream=true takes up its events after the last one seen; all of them read again after
+    it ended; one cancelled while followed ends its readers with an error event."""
+    client = _client(tiny_server)
+    ask = {"model": "test-model", "input": "Name a color.", "max_output_tokens": 40,
+           "temperature": 0.0}  # fmt: skip
+    seen = []
+    with client.responses.create(background=True, stream=True, **ask) as stream:  # type: ignore[call-overload]
+        for event in stream:
+            seen.append(event)
+            if len(seen) == 6:
+                break  # the client goes away
+    kinds = [e.type for e in seen]
+    assert kinds[:3] == ["response.created", "response.queued", "response.in_progress"]
+    first = seen[0].response
+    assert first.status == "queued" and first.background is True
+    rest = list(client.responses.retrieve(first.id, stream=True, starting_after=5))
+    events = seen + rest
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    assert events[-1].type == f"response.{final.status}"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == final.output_text == client.responses.retrieve(first.id).output_text
+    assert text == client.responses.create(**ask).output_text  # type: ignore[call-overload]
+    again = list(client.responses.retrieve(first.id, stream=True))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in events]
+    long = client.responses.create(model="test-model", input="Go on.", max_output_tokens=1500,
+                                   background=True, stream=True)  # fmt: skip
+    opening = next(iter(long))
+    assert client.responses.cancel(opening.response.id).status == "cancelled"  # type: ignore[union-attr]
+    tail = list(long)
+    assert tail[-1].type == "error" and tail[-1].code == "response_cancelled"  # type: ignore[union-attr]

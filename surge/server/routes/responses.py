@@ -1,7 +1,9 @@
 """POST /v1/responses: OpenAI's Responses API over the chat path, whole, as its typed events
 (response.created ... response.output_text.delta ... response.completed; no [DONE]), or in the
-background (`background: true`: answered at once as queued, then polled with GET; see
-stored_responses.py for GET, DELETE, input_items and cancel)."""
+background (`background: true`: answered at once as queued, then polled with GET; with
+`stream: true` too, its events go to a log that any reader can follow again from a sequence
+number, so a broken connection loses nothing; see stored_responses.py for GET, DELETE,
+input_items and cancel)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from starlette.responses import StreamingResponse
 
 from surge.engine.output_processor import SequenceDelta
 from surge.headers import RESPONSE_ID_HEADER
 from surge.server.errors import BadRequestError, SurgeHTTPError, error_body
+from surge.server.event_log import EventLog
 from surge.server.openai_responses import (
     ResponsesRequest,
     call_item,
@@ -48,10 +52,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     state = get_state(request)
     owner = key_owner(request, state.config)
     store = state.responses.enabled and body.store is not False
-    if body.background and (body.stream or not store):
-        why = ("stream: a background response is polled with GET /v1/responses/{id}"
-               if body.stream else "store: a background response must be stored")  # fmt: skip
-        raise BadRequestError(f"background needs {why}", param="background")
+    if body.background and not store:
+        raise BadRequestError("background needs store: a background response must be stored",
+                              param="background")  # fmt: skip
     earlier = _previous(state, body.previous_response_id, owner)
     items = body.input_items()
     try:
@@ -74,9 +77,21 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         queued = response_body(body, model, rid, created, "queued", [], None, store)
         state.responses.put(StoredResponse(queued, items, [], owner))
         done = functools.partial(_finished, chat, body, model, rid, created, store)
-        task = asyncio.create_task(_in_background(chat, queued, done, save))
+        events = None
+        if body.stream:
+            events = _Logged(_ResponseStream(chat, body, model, rid, created, store, save),
+                             state.streams.open(rid))  # fmt: skip
+        task = asyncio.create_task(_in_background(chat, queued, done, save, events))
         state.background[rid] = task
-        task.add_done_callback(lambda _: state.background.pop(rid, None))
+
+        def ended(_: asyncio.Task[None]) -> None:
+            state.background.pop(rid, None)
+            state.streams.finish(rid)
+
+        task.add_done_callback(ended)
+        if events is not None:  # this client reads the log like any later one: it may go
+            return StreamingResponse(events.log.follow(), media_type="text/event-stream",
+                                     headers=headers)  # fmt: skip
         return JSONResponse(queued, headers=headers)
     if body.stream:
         stream = _ResponseStream(chat, body, model, rid, created, store, save).response()
@@ -101,29 +116,60 @@ def _finished(
     return response_body(body, model, rid, created, status, output, _usage(chat.job), store)
 
 
+class _Logged:
+    """A streamed background response's events, rendered into its log as the job runs."""
+
+    def __init__(self, stream: _ResponseStream, log: EventLog) -> None:
+        self.stream, self.log = stream, log
+
+    def render(self, deltas: list[tuple[int, SequenceDelta]]) -> None:
+        self.log.extend(self.stream.render(deltas))
+
+    def end(self, failed: dict[str, Any] | None, cancelled: bool) -> None:
+        """The closing events: the finished response (its `last` stores it), or the failure."""
+        s = self.stream
+        if cancelled:
+            self.log.extend([s.event("error", code="response_cancelled", param=None,
+                                     message="the response was cancelled")])  # fmt: skip
+        elif failed is not None:
+            self.log.extend([s.event("response.failed", response=failed)])
+        else:
+            self.log.extend(s.last())
+
+
 async def _in_background(
     chat: ChatJob,
     queued: dict[str, Any],
     finished: Callable[[], dict[str, Any]],
     save: Callable[[dict[str, Any]], None],
+    events: _Logged | None,
 ) -> None:
     """Run a background response to its end and store what it came to: completed (or
-    incomplete), failed with its error, or cancelled (POST .../cancel)."""
+    incomplete), failed with its error, or cancelled (POST .../cancel); streamed, its events
+    go to its log as they come."""
     save({**queued, "status": "in_progress"})
+    failed: dict[str, Any] | None = None
     try:
-        await run_detached(chat.job)
+        if events is not None:
+            events.log.extend(events.stream.opening(background=True))
+        await run_detached(chat.job, None if events is None else events.render)
     except asyncio.CancelledError:
         save({**queued, "status": "cancelled"})
+        if events is not None:
+            events.end(None, cancelled=True)
         raise
     except SurgeHTTPError as e:
-        save({**queued, "status": "failed", "error": error_body(e)["error"]})
-        return
+        failed = {**queued, "status": "failed", "error": error_body(e)["error"]}
     except Exception:  # never lose a background response to an unforeseen error
         log.exception("background response %s failed", queued["id"])
-        save({**queued, "status": "failed",
-              "error": {"code": "server_error", "message": "internal error"}})  # fmt: skip
-        return
-    save(finished())
+        failed = {**queued, "status": "failed",
+                  "error": {"code": "server_error", "message": "internal error"}}  # fmt: skip
+    if failed is not None:
+        save(failed)
+    if events is not None:
+        events.end(failed, cancelled=False)  # stores the finished response
+    elif failed is None:
+        save(finished())
 
 
 def _previous(state: ServerState, response_id: str | None, owner: str) -> list[dict[str, Any]]:
@@ -179,14 +225,17 @@ class _ResponseStream:
         self.status = "completed"
 
     def response(self) -> Response:
-        job = self.chat.job
-        first = [
-            self._event("response.created", response=self._body("in_progress", None)),
-            self._event("response.in_progress", response=self._body("in_progress", None)),
-        ]
-        return stream_response(job, self._render, first, self._last, done=False)
+        return stream_response(self.chat.job, self.render, self.opening(), self.last, done=False)
 
-    def _render(self, deltas: list[tuple[int, SequenceDelta]]) -> list[str]:
+    def opening(self, background: bool = False) -> list[str]:
+        """created and in_progress; a background response is queued between the two."""
+        first = "queued" if background else "in_progress"
+        out = [self.event("response.created", response=self._body(first, None))]
+        if background:
+            out.append(self.event("response.queued", response=self._body("queued", None)))
+        return [*out, self.event("response.in_progress", response=self._body("in_progress", None))]
+
+    def render(self, deltas: list[tuple[int, SequenceDelta]]) -> list[str]:
         out: list[str] = []
         for _, d in deltas:
             final = d.finish_reason is not None
@@ -214,13 +263,13 @@ class _ResponseStream:
                 out += self._close_message() + self._close_calls()
         return out
 
-    def _last(self) -> list[str]:
+    def last(self) -> list[str]:
         if all(item["type"] == "reasoning" for item in self.items):
             # no answer written: an empty message, as a whole answer has
             self.items.append(message_item(new_id("msg"), ""))
         done = self._body(self.status, _usage(self.chat.job))
         self.save(done)
-        return [self._event(f"response.{self.status}", response=done)]
+        return [self.event(f"response.{self.status}", response=done)]
 
     # -- items ------------------------------------------------------------------------------
 
@@ -232,13 +281,13 @@ class _ResponseStream:
             self.message, self.text = self._index, ""
             part = {"type": "output_text", "text": "", "annotations": []}
             out += [
-                self._event("response.output_item.added", output_index=self._index, item=item),
-                self._event("response.content_part.added", item_id=item["id"],
+                self.event("response.output_item.added", output_index=self._index, item=item),
+                self.event("response.content_part.added", item_id=item["id"],
                             output_index=self._index, content_index=0, part=part),
             ]  # fmt: skip
         self.text += delta
         index = self.message
-        out.append(self._event("response.output_text.delta", item_id=self.items[index]["id"],
+        out.append(self.event("response.output_text.delta", item_id=self.items[index]["id"],
                                output_index=index, content_index=0, delta=delta,
                                logprobs=[]))  # fmt: skip
         return out
@@ -248,11 +297,11 @@ class _ResponseStream:
         if self.thought is None:
             self.items.append(reasoning_item(new_id("rs"), "", status="in_progress"))
             self.thought = self._index
-            out.append(self._event("response.output_item.added", output_index=self._index,
+            out.append(self.event("response.output_item.added", output_index=self._index,
                                    item=self.items[-1]))  # fmt: skip
         item = self.items[self.thought]
         item["content"][0]["text"] += delta
-        out.append(self._event("response.reasoning_text.delta", item_id=item["id"],
+        out.append(self.event("response.reasoning_text.delta", item_id=item["id"],
                                output_index=self.thought, content_index=0,
                                delta=delta))  # fmt: skip
         return out
@@ -264,9 +313,9 @@ class _ResponseStream:
         item = self.items[index] = {**self.items[index], "status": "completed"}
         text = item["content"][0]["text"]
         return [
-            self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+            self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
                         content_index=0, text=text),
-            self._event("response.output_item.done", output_index=index, item=item),
+            self.event("response.output_item.done", output_index=index, item=item),
         ]  # fmt: skip
 
     def _close_message(self) -> list[str]:
@@ -279,9 +328,9 @@ class _ResponseStream:
         self.message = None
         common = {"item_id": item["id"], "output_index": index, "content_index": 0}
         return [
-            self._event("response.output_text.done", **common, text=part["text"], logprobs=[]),
-            self._event("response.content_part.done", **common, part=part),
-            self._event("response.output_item.done", output_index=index, item=item),
+            self.event("response.output_text.done", **common, text=part["text"], logprobs=[]),
+            self.event("response.content_part.done", **common, part=part),
+            self.event("response.output_item.done", output_index=index, item=item),
         ]
 
     def _call_piece(self, piece: dict[str, Any]) -> list[str]:
@@ -292,12 +341,12 @@ class _ResponseStream:
             call = ToolCall(function["name"], "", piece["id"])
             self.items.append(call_item(new_id("fc"), call, status="in_progress"))
             self.open_calls[piece["index"]] = len(self.items) - 1
-            out.append(self._event("response.output_item.added", output_index=self._index,
+            out.append(self.event("response.output_item.added", output_index=self._index,
                                    item=self.items[-1]))  # fmt: skip
         index = self.open_calls[piece["index"]]
         if function.get("arguments"):
             self.items[index]["arguments"] += function["arguments"]
-            out.append(self._event("response.function_call_arguments.delta",
+            out.append(self.event("response.function_call_arguments.delta",
                                    item_id=self.items[index]["id"], output_index=index,
                                    delta=function["arguments"]))  # fmt: skip
         return out
@@ -307,9 +356,9 @@ class _ResponseStream:
         for index in self.open_calls.values():
             item = self.items[index] = {**self.items[index], "status": "completed"}
             out += [
-                self._event("response.function_call_arguments.done", item_id=item["id"],
+                self.event("response.function_call_arguments.done", item_id=item["id"],
                             output_index=index, arguments=item["arguments"]),
-                self._event("response.output_item.done", output_index=index, item=item),
+                self.event("response.output_item.done", output_index=index, item=item),
             ]  # fmt: skip
         self.open_calls = {}
         return out
@@ -319,7 +368,7 @@ class _ResponseStream:
         for call in calls:
             self.items.append(call_item(new_id("fc"), call, status="in_progress"))
             self.open_calls[len(self.open_calls)] = len(self.items) - 1
-            out.append(self._event("response.output_item.added", output_index=self._index,
+            out.append(self.event("response.output_item.added", output_index=self._index,
                                    item=self.items[-1]))  # fmt: skip
         return out
 
@@ -334,7 +383,7 @@ class _ResponseStream:
         return response_body(self.body, self.model, self.rid, self.created, status,
                              self.items if done else [], usage, self.store)  # fmt: skip
 
-    def _event(self, kind: str, **fields: Any) -> str:
+    def event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
         return f"event: {kind}\ndata: {json.dumps(data)}\n\n"

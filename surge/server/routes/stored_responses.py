@@ -1,5 +1,7 @@
 """Stored Responses API responses: GET and DELETE /v1/responses/{id}, GET
-/v1/responses/{id}/input_items, and POST /v1/responses/{id}/cancel for a background one."""
+/v1/responses/{id}/input_items, and POST /v1/responses/{id}/cancel for a background one; GET
+with `stream=true` reads a streamed background response's events again, from the one after
+`starting_after`, live while it runs."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import contextlib
 from typing import Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.responses import StreamingResponse
 
 from surge.headers import RESPONSE_ID_HEADER
 from surge.server.errors import BadRequestError, NotFoundError
@@ -28,11 +31,28 @@ def _stored(request: Request, response_id: str) -> StoredResponse:
     return entry
 
 
-@router.get("/v1/responses/{response_id}")
-async def get_response(response_id: str, request: Request) -> JSONResponse:
+@router.get("/v1/responses/{response_id}", response_model=None)
+async def get_response(
+    response_id: str,
+    request: Request,
+    stream: bool = False,
+    starting_after: int = Query(-1, ge=-1),
+) -> Response:
     """As it was answered; a background one as it stands (queued, in_progress, ... done)."""
-    return JSONResponse(_stored(request, response_id).response,
-                        headers={RESPONSE_ID_HEADER: response_id})  # fmt: skip
+    entry = _stored(request, response_id)
+    headers = {RESPONSE_ID_HEADER: response_id}
+    if not stream:
+        return JSONResponse(entry.response, headers=headers)
+    events = get_state(request).streams.get(response_id)
+    if events is None:
+        raise BadRequestError("stream: only a background response created with stream: true "
+                              "can be streamed, and only while it runs or among the last "
+                              "finished ones", param="stream")  # fmt: skip
+    if starting_after >= len(events.events) and events.closed:
+        raise BadRequestError(f"starting_after: the response has {len(events.events)} events",
+                              param="starting_after")  # fmt: skip
+    return StreamingResponse(events.follow(starting_after), media_type="text/event-stream",
+                             headers=headers)  # fmt: skip
 
 
 @router.delete("/v1/responses/{response_id}")
@@ -41,6 +61,7 @@ async def delete_response(response_id: str, request: Request) -> JSONResponse:
     _stored(request, response_id)  # 404 unless it is this key's
     await _stop(state.background.get(response_id))  # deleting a running one stops it first
     state.responses.delete(response_id, key_owner(request, state.config))
+    state.streams.drop(response_id)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
