@@ -54,14 +54,81 @@ PARSERS = {
 
 
 class ReasoningStream:
-    """One streamed choice: each update gives the new reasoning and the new content."""
+    """One streamed choice: each update gives the new reasoning and the new content, as
+    `ReasoningParser.split` of the whole text would, but by positions in the text: a delta
+    costs its own length (a long answer's text is not copied or searched again at each
+    token)."""
 
     def __init__(self, parser: ReasoningParser, prompt_opens: bool) -> None:
         self.parser, self.prompt_opens = parser, prompt_opens
-        self.reasoning, self.content = "", ""  # sent so far
+        self._text = ""
+        self._body: int | None = None  # where the thinking (or the answer) starts, once known
+        self._searched = 0  # no `</think>` starts before this
+        self._thought: int | None = None  # the reasoning's first non-space character
+        self._thought_sent = 0  # the reasoning is sent up to here
+        self._answer: int | None = None  # where the answer starts (None: still thinking)
+        self._strip = False  # the answer's leading spaces go (it follows a `</think>`)
+        self._content: int | None = None  # the answer's first character sent
+        self._content_sent = 0
+
+    @property
+    def content(self) -> str:
+        """The answer so far (as sent)."""
+        if self._content is None:
+            return ""
+        return self._text[self._content : self._content_sent]
 
     def update(self, text: str, final: bool) -> tuple[str, str]:
-        reasoning, content = self.parser.split(text, final, self.prompt_opens)
-        new = reasoning[len(self.reasoning) :], content[len(self.content) :]
-        self.reasoning, self.content = reasoning, content
+        self._text = text
+        if self._body is None:  # is the thinking opened? (the text is short until known)
+            head = text.lstrip()
+            if head.startswith(START):
+                self._body, opened = len(text) - len(head) + len(START), True
+            elif not final and START.startswith(head):
+                return "", ""  # maybe "<think>" on its way
+            else:
+                self._body, opened = 0, self.prompt_opens or self.parser.thinks_first
+            if not opened:
+                self._answer = 0
+        thought = ""
+        if self._answer is None:
+            end = text.find(END, max(self._searched, self._body))
+            if end < 0:
+                self._searched = max(self._searched, len(text) - len(END) + 1)
+                held = 0 if final else held_back(text[-len(END) :], END)
+                return self._think(len(text) - held), ""
+            thought = self._think(end)
+            self._answer, self._strip = end + len(END), True
+        return thought, self._say(len(text))
+
+    def _think(self, upto: int) -> str:
+        """The reasoning before `upto` not sent yet (its leading spaces skipped)."""
+        assert self._body is not None
+        if self._thought is None:
+            start = _non_space(self._text, self._body, upto)
+            if start is None:
+                return ""
+            self._thought = self._thought_sent = start
+        new = self._text[self._thought_sent : upto] if upto > self._thought_sent else ""
+        self._thought_sent = max(self._thought_sent, upto)
         return new
+
+    def _say(self, upto: int) -> str:
+        """The answer before `upto` not sent yet."""
+        assert self._answer is not None
+        if self._content is None:
+            start = _non_space(self._text, self._answer, upto) if self._strip else self._answer
+            if start is None or start >= upto:
+                return ""
+            self._content = self._content_sent = start
+        new = self._text[self._content_sent : upto]
+        self._content_sent = upto
+        return new
+
+
+def _non_space(text: str, start: int, end: int) -> int | None:
+    """The first non-whitespace index in text[start:end] (as str.lstrip sees it), or None."""
+    for i in range(start, end):
+        if not text[i].isspace():
+            return i
+    return None

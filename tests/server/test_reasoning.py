@@ -16,7 +16,8 @@ from surge.server.reasoning import PARSERS, ReasoningStream
 from tests.servers import ServerProcess
 
 TEXTS = ["<think>\nhmm, 2+2</think>\n\nIt is 4.", "It is 4.", "hmm</think>\n\n4", "<thx",
-         "  <think>abc </thi", "<think>never closed", ""]  # fmt: skip
+         "  <think>abc </thi", "<think>never closed", "", "<think>  </think>  \n", "  ",
+         "\n<think></think>4 </think> 5", "<think> a <b</think></think>", " x<think>y"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(PARSERS))
@@ -28,8 +29,11 @@ def test_a_stream_splits_as_the_whole_text_does(name: str, prompt_opens: bool) -
             stream = ReasoningStream(parser, prompt_opens)
             sent = ["", ""]
             for end in [*range(step, len(text), step), len(text)]:
-                new = stream.update(text[:end], final=end == len(text))
+                final = end == len(text)
+                new = stream.update(text[:end], final)
                 sent = [sent[0] + new[0], sent[1] + new[1]]
+                assert tuple(sent) == parser.split(text[:end], final, prompt_opens), (text, end)
+                assert stream.content == sent[1]
             assert tuple(sent) == parser.split(text, True, prompt_opens), (text, step)
 
 
