@@ -5,10 +5,10 @@ machine's drift between runs falls on all of them alike.
         [--rounds 6] [--steps 40]
 
 A configuration is a quantization with optional suffixes: "+compile" (torch.compile, only the
-graph for this batch size is built), "+layers" (no fused decode stack: layer by layer), "+kvbf16"
-and "+kvf32" (a bfloat16 or float32 KV cache whatever `auto` would choose).
-Each decodes `requests` ~100-token requests at once; rounds alternate between the
-configurations, each round the median of `steps` engine steps.
+graph for this batch size is built), "+layers" (no fused decode stack: layer by layer), "+kvbf16",
+"+kvf32" and "+kvint8" (a bfloat16, float32 or int8 KV cache whatever `auto` would choose).
+Each decodes `requests` requests of `--context` prompt tokens (100) at once; rounds alternate
+between the configurations, each round the median of `steps` engine steps.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from surge.engine.outputs import EngineCoreRequest
 
 def build(config: str, requests: int) -> LLM:
     quantization, *flags = config.split("+")
-    unknown = set(flags) - {"compile", "layers", "kvbf16", "kvf32"}
+    kv_flags = {"kvbf16": "bfloat16", "kvf32": "float32", "kvint8": "int8"}
+    unknown = set(flags) - {"compile", "layers", *kv_flags}
     if unknown:
         raise SystemExit(f"unknown flags {unknown} in {config!r}")
     return LLM(
@@ -32,9 +33,7 @@ def build(config: str, requests: int) -> LLM:
         compile="compile" in flags,
         compile_warmup=False,
         fused_decode="layers" not in flags,
-        kv_cache_dtype=(
-            "bfloat16" if "kvbf16" in flags else "float32" if "kvf32" in flags else "auto"
-        ),
+        kv_cache_dtype=next((kv_flags[f] for f in flags if f in kv_flags), "auto"),
         max_num_seqs=max(requests, 4),
     )
 
@@ -45,13 +44,16 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--context", type=int, default=100, help="prompt tokens a request")
     args = ap.parse_args()
     llms = {c: build(c, args.requests) for c in args.configs.split(",")}
-    text = "Large language models are served to many users at once by batching requests. " * 8
+    text = "Large language models are served to many users at once by batching requests. " * (
+        1 + args.context // 12
+    )
     params = SamplingParams(temperature=0.0, max_tokens=1_000_000, ignore_eos=True)
     for llm in llms.values():
         for i in range(args.requests):
-            ids = llm.tokenizer.encode(f"{i}: {text}")[:100]
+            ids = llm.tokenizer.encode(f"{i}: {text}")[: args.context]
             llm.engine.add_request(EngineCoreRequest(str(i), ids, params))
         sched = llm.engine.scheduler
         while sched.waiting or any(

@@ -54,13 +54,14 @@ class Config:
     @classmethod
     def parse(cls, text: str) -> Config:
         """float32 | bfloat16 | int8 | int8-weight-only | w8a8 | q4, then optionally +compile,
-        +kvbf16 or +kvf32 (a bfloat16 or float32 KV cache whatever `auto` would choose), +eager
-        (a GPU's decode steps without CUDA graphs)."""
+        +kvbf16, +kvf32 or +kvint8 (a bfloat16, float32 or int8 KV cache whatever `auto` would
+        choose), +eager (a GPU's decode steps without CUDA graphs)."""
         base, *flags = text.split("+")
-        unknown = set(flags) - {"compile", "kvbf16", "kvf32", "eager"}
+        kv_flags = {"kvbf16": "bfloat16", "kvf32": "float32", "kvint8": "int8"}
+        unknown = set(flags) - {"compile", "eager", *kv_flags}
         if unknown:
             raise SystemExit(f"unknown flags {unknown} in {text!r}")
-        kv = "bfloat16" if "kvbf16" in flags else "float32" if "kvf32" in flags else "auto"
+        kv = next((kv_flags[f] for f in flags if f in kv_flags), "auto")
         floats = ("float32", "bfloat16", "float16")
         dtype, quant = (base, "none") if base in floats else ("auto", base)
         return cls(text, dtype, quant, "compile" in flags, kv, "eager" not in flags)

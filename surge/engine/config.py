@@ -51,12 +51,14 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9  # the share of the GPU's memory this instance may hold
     num_blocks: int | None = None  # exact pool size (overrides the memory budget; used by tests)
     enable_prefix_caching: bool = True
-    kv_cache_dtype: str = "auto"  # auto (see device.choose_kv_dtype) | float32 | bfloat16 | float16
+    # auto (see device.choose_kv_dtype) | float32 | bfloat16 | float16 | int8 (kv_quant.py)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
+        if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16", "int8"):
             raise ValueError(
-                f"kv_cache_dtype must be auto|float32|bfloat16|float16, got {self.kv_cache_dtype!r}"
+                "kv_cache_dtype must be auto|float32|bfloat16|float16|int8, "
+                f"got {self.kv_cache_dtype!r}"
             )
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")

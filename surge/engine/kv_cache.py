@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from surge.models.kv_quant import row_size
 from surge.models.spec import ModelSpec
 
 
@@ -55,9 +56,9 @@ def gpu_kv_budget_bytes(
 
 
 def kv_bytes_per_token(spec: ModelSpec, dtype: torch.dtype) -> int:
-    """K and V, every layer, one token."""
+    """K and V, every layer, one token (an int8 row with its scale)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * elem
+    return 2 * spec.num_layers * spec.num_kv_heads * row_size(spec.head_dim, dtype) * elem
 
 
 def plan_kv_cache(
@@ -78,11 +79,13 @@ def plan_kv_cache(
 def allocate_kv_cache(
     spec: ModelSpec, plan: KVCachePlan, dtype: torch.dtype, device: torch.device
 ) -> list[tuple[Tensor, Tensor]]:
-    """Per layer (k, v), each [num_kv_heads, num_blocks + 1, block_size, head_dim], zeroed.
+    """Per layer (k, v), each [num_kv_heads, num_blocks + 1, block_size, head_dim] (int8:
+    head_dim + 4, each row's values then its scale), zeroed.
 
     The extra last block belongs to no request: padded rows of a compiled step write there.
     """
-    shape = (spec.num_kv_heads, plan.num_blocks + 1, plan.block_size, spec.head_dim)
+    row = row_size(spec.head_dim, dtype)
+    shape = (spec.num_kv_heads, plan.num_blocks + 1, plan.block_size, row)
     return [
         (
             torch.zeros(shape, dtype=dtype, device=device),

@@ -57,7 +57,10 @@ class ModelRunner:
         self.decode_op: Callable[..., Tensor] | None = None
         self.write_kv_op: Callable[..., None] | None = None
         if use_kernels and device.type == "cpu":
-            if load_paged_decode() is not None:
+            int8_kv = bool(kv_caches) and kv_caches[0][0].dtype == torch.int8
+            if load_paged_decode() is not None and (
+                not int8_kv or model.spec.head_dim in (64, 128)  # the op's int8 head sizes
+            ):
                 self.decode_op = torch.ops.surge.paged_decode
                 self.write_kv_op = torch.ops.surge.write_kv
             load_int8_linear()  # registers its ops' shapes for torch.compile

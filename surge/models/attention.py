@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from surge.models.kv_quant import dequantize_rows, quantize_rows
+
 
 @dataclass(frozen=True, slots=True)
 class PrefillChunk:
@@ -66,23 +68,29 @@ def paged_attention(
     scale: float,
     window: int | None = None,  # a sliding-window layer: each query sees its last `window` keys
 ) -> Tensor:  # [num_tokens, num_heads * head_dim]
-    k_cache, v_cache = attn.kv_caches[layer]  # [kv_heads, num_blocks, block_size, head_dim]
-    num_kv_heads, num_blocks, block_size, head_dim = k_cache.shape
-    if k.dtype != k_cache.dtype:
-        # A cache dtype of its own: attend to what the cache holds, fresh or cached, so that a
-        # prefix-cache hit, a chunk boundary or a recompute after preemption gives the same
-        # numbers as one pass.
-        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
-    if attn.write_kv_op is not None:
-        attn.write_kv_op(k, v, k_cache, v_cache, attn.slot_mapping)
+    k_cache, v_cache = attn.kv_caches[layer]  # [kv_heads, num_blocks, block_size, row]
+    num_kv_heads, num_blocks, block_size, row = k_cache.shape  # row: head_dim (+ 4: int8)
+    # A cache dtype of its own: attend to what the cache holds, fresh or cached, so that a
+    # prefix-cache hit, a chunk boundary or a recompute after preemption gives the same
+    # numbers as one pass.
+    if k_cache.dtype == torch.int8:  # rows of int8 values and their scales (kv_quant.py)
+        k_rows, v_rows = quantize_rows(k), quantize_rows(v)
+        if any(chunk.start_pos == 0 for chunk in attn.prefills):  # attended fresh, below
+            k, v = dequantize_rows(k_rows, q.dtype), dequantize_rows(v_rows, q.dtype)
     else:
-        # Head-major layout: a request's gathered blocks are a contiguous [kv_heads, L, head_dim].
-        flat_k = k_cache.view(num_kv_heads, num_blocks * block_size, head_dim)
-        flat_v = v_cache.view(num_kv_heads, num_blocks * block_size, head_dim)
-        flat_k.index_copy_(1, attn.slot_mapping, k.transpose(0, 1))
-        flat_v.index_copy_(1, attn.slot_mapping, v.transpose(0, 1))
+        if k.dtype != k_cache.dtype:
+            k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+        k_rows, v_rows = k, v
+    if attn.write_kv_op is not None:
+        attn.write_kv_op(k_rows, v_rows, k_cache, v_cache, attn.slot_mapping)
+    else:
+        # Head-major layout: a request's gathered blocks are a contiguous [kv_heads, L, row].
+        flat_k = k_cache.view(num_kv_heads, num_blocks * block_size, row)
+        flat_v = v_cache.view(num_kv_heads, num_blocks * block_size, row)
+        flat_k.index_copy_(1, attn.slot_mapping, k_rows.transpose(0, 1))
+        flat_v.index_copy_(1, attn.slot_mapping, v_rows.transpose(0, 1))
 
-    num_tokens, num_heads, _ = q.shape
+    num_tokens, num_heads, head_dim = q.shape
     group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     d = attn.num_decodes
@@ -97,8 +105,9 @@ def paged_attention(
             out[rows] = _prefill_attention(q[rows], kf, vf, 0, scale, group, window)
         else:
             kv_len = chunk.start_pos + chunk.query_len
-            ks = k_cache.index_select(1, chunk.block_table).flatten(1, 2)[:, :kv_len]
-            vs = v_cache.index_select(1, chunk.block_table).flatten(1, 2)[:, :kv_len]
+            ks = _widen(k_cache.index_select(1, chunk.block_table), q.dtype)
+            vs = _widen(v_cache.index_select(1, chunk.block_table), q.dtype)
+            ks, vs = ks.flatten(1, 2)[:, :kv_len], vs.flatten(1, 2)[:, :kv_len]
             out[rows] = _prefill_attention(q[rows], ks, vs, chunk.start_pos, scale, group, window)
     return out.view(num_tokens, num_heads * head_dim)
 
@@ -113,9 +122,11 @@ def _decode_attention(
     windowed: bool = False,  # mask with decode_bias_window, in torch ops
 ) -> Tensor:  # [D, num_heads, head_dim]
     if attn.decode_op is not None and not windowed:
-        # The op takes the query in the cache's dtype (a cache dtype of its own: cast and back).
+        # The op takes the query in the cache's dtype (a cache dtype of its own: cast and back;
+        # float32 against an int8 cache).
+        q_dtype = torch.float32 if k_cache.dtype == torch.int8 else k_cache.dtype
         out: Tensor = attn.decode_op(
-            q.to(k_cache.dtype).contiguous(),
+            q.to(q_dtype).contiguous(),
             k_cache,
             v_cache,
             attn.decode_block_tables,
@@ -130,8 +141,8 @@ def _decode_attention(
     # index_select copies whole blocks, ~2x faster than advanced indexing on CPU.
     # A cache dtype of its own is widened here, after the gather: the matmuls run in the
     # query's dtype (bf16 ones are emulated, slowly, on CPUs without native bf16).
-    ks = k_cache.index_select(1, tables).view(kvh * d, -1, head_dim).to(q.dtype)
-    vs = v_cache.index_select(1, tables).view(kvh * d, -1, head_dim).to(q.dtype)
+    ks = _widen(k_cache.index_select(1, tables), q.dtype).view(kvh * d, -1, head_dim)
+    vs = _widen(v_cache.index_select(1, tables), q.dtype).view(kvh * d, -1, head_dim)
     # The `group` query heads sharing a KV head are `group` rows against the same keys.
     qg = q.view(d, kvh, group, head_dim).transpose(0, 1).reshape(kvh * d, group, head_dim)
     scores = torch.bmm(qg, ks.transpose(1, 2)).float() * scale  # [kv_heads * D, group, L]
@@ -141,6 +152,11 @@ def _decode_attention(
     probs = torch.softmax(scores, dim=-1).to(vs.dtype).view(kvh * d, group, -1)
     o = torch.bmm(probs, vs)  # [kv_heads * D, group, hd]
     return o.view(kvh, d, group, head_dim).transpose(0, 1).reshape(d, num_heads, head_dim)
+
+
+def _widen(rows: Tensor, dtype: torch.dtype) -> Tensor:
+    """Gathered cache rows as `dtype` values (an int8 cache's rows dequantized)."""
+    return dequantize_rows(rows, dtype) if rows.dtype == torch.int8 else rows.to(dtype)
 
 
 def _prefill_attention(

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+DTYPE_NAMES = {**{v: k for k, v in DTYPES.items()}, torch.int8: "int8"}  # int8: KV caches only
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +160,10 @@ def choose_kv_dtype(name: str, precision: Precision) -> tuple[torch.dtype, str]:
                 "token; --kv-cache-dtype float32 to match the weights"
             )
         return precision.dtype, "follows the model dtype"
+    if name == "int8":
+        return torch.int8, "requested: int8 rows with a scale per token and head"
     if name not in DTYPES:
-        raise ValueError(f"kv cache dtype must be auto|{'|'.join(DTYPES)}, got {name!r}")
+        raise ValueError(f"kv cache dtype must be auto|{'|'.join(DTYPES)}|int8, got {name!r}")
     return DTYPES[name], "requested"
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from surge.models.attention import AttnMetadata, PrefillChunk
+from surge.models.kv_quant import row_size
 from surge.models.llama import LlamaForCausalLM
 
 
@@ -31,7 +32,7 @@ def score(
     n = len(token_ids)
     num_blocks = (n + block_size - 1) // block_size
     dtype = kv_dtype or model.norm.weight.dtype
-    shape = (spec.num_kv_heads, num_blocks, block_size, spec.head_dim)
+    shape = (spec.num_kv_heads, num_blocks, block_size, row_size(spec.head_dim, dtype))
     caches = [
         (
             torch.zeros(shape, dtype=dtype, device=device),

@@ -57,6 +57,18 @@ def test_float32_on_the_gpu_gives_the_cpus_tokens_and_logprobs(tiny_model_dir: P
     assert_same_tokens_and_logprobs(got, ref, 2e-3)
 
 
+def test_an_int8_kv_cache_on_the_gpu_gives_the_cpus_tokens(tiny_model_dir: Path) -> None:
+    """The int8 cache's rows are quantized and read in torch ops on a GPU (CUDA graphs too),
+    by the compiled kernels on the CPU: the same numbers either way."""
+    gpu = LLM(str(tiny_model_dir), dtype="float32", kv_cache_dtype="int8", num_blocks=128)
+    cpu = LLM(str(tiny_model_dir), dtype="float32", kv_cache_dtype="int8", device="cpu",
+              num_blocks=128)  # fmt: skip
+    assert gpu.engine.runner.kv_caches[0][0].dtype == torch.int8
+    got = gpu.generate(PROMPTS, GREEDY, use_tqdm=False)
+    ref = cpu.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert_same_tokens_and_logprobs(got, ref, 2e-3)
+
+
 def test_compiled_decode_on_the_gpu_gives_the_uncompiled_tokens(tiny_model_dir: Path) -> None:
     plain = LLM(str(tiny_model_dir), dtype="float32", num_blocks=128)  # not compiled
     # No warm-up: only the graphs these steps use are compiled (each costs tens of seconds).

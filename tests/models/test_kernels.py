@@ -1,4 +1,5 @@
-"""The compiled paged-decode kernel against the torch-ops path on random blocks and tables."""
+"""The compiled paged-decode kernel against the torch-ops path on random blocks and tables, with
+float caches and with int8 ones (rows of values and their scales)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from surge.models import kernels
 from surge.models.attention import _decode_attention
 from surge.models.kernels import _build_tag, load_paged_decode
+from surge.models.kv_quant import dequantize_rows, quantize_rows
 
 
 @pytest.mark.parametrize(
@@ -50,6 +52,30 @@ def test_kernel_matches_torch_ops(
     got = torch.ops.surge.paged_decode(q, k_cache, v_cache, tables, lens, 0.125)
     assert got.dtype == dtype
     assert (got.float() - ref.float()).abs().max().item() < tol
+    if head_dim == 32 or dtype != torch.float32:
+        return
+    # The same cache in int8: the kernel reads the rows' values and scales as the torch path
+    # dequantizes them, queries and output in float32.
+    k8, v8 = quantize_rows(k_cache), quantize_rows(v_cache)
+    assert k8.dtype == torch.int8 and k8.shape[-1] == head_dim + 4
+    ref8 = _decode_attention(q, k8, v8, Meta, 0.125, heads // kv_heads)  # type: ignore[arg-type]
+    got8 = torch.ops.surge.paged_decode(q, k8, v8, tables, lens, 0.125)
+    assert got8.dtype == torch.float32
+    assert (got8 - ref8).abs().max().item() < 1e-5
+    assert (got8 - ref).abs().max().item() < 0.05  # what the int8 rounding moves
+
+
+def test_int8_rows_keep_their_scale() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 3, 64, generator=gen) * torch.tensor([0.01, 1.0, 300.0]).view(1, 3, 1)
+    x[0, 0] = 0  # a zero row: scale 0, values 0
+    rows = quantize_rows(x)
+    scale = rows[..., 64:].contiguous().view(torch.float32).squeeze(-1)
+    assert torch.equal(scale, x.abs().amax(-1) / 127)
+    back = dequantize_rows(rows, torch.float32)
+    assert (back - x).abs().le(scale.unsqueeze(-1) / 2 + 1e-12).all()  # half a step at most
+    assert torch.equal(back[0, 0], torch.zeros(64))
+    assert rows[..., :64].abs().max().item() == 127  # each non-zero row uses the full range
 
 
 def test_two_installs_build_in_folders_of_their_own(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from surge import LLM, SamplingParams
 from surge.engine.outputs import EngineCoreRequest
 from surge.models.attention import AttnMetadata, PrefillChunk
 from surge.models.kernels import load_paged_decode, load_q4_decode, load_w8a8_linear
+from surge.models.kv_quant import dequantize_rows, quantize_rows
 from surge.models.llama import LlamaForCausalLM
 from surge.models.q4_decode import Q4_MAX_ROWS, FusedQ4Decode
 from surge.models.quant import GEMV_MAX_ROWS, quantize_model
@@ -222,6 +223,41 @@ def test_a_prefill_chunk_as_rows_matches_the_layer_by_layer_prefill(dtype: torch
     tol, typical = (5e-3, 1e-6) if dtype == torch.float32 else (5e-2, 5e-3)
     assert err.max() <= tol and err.median() <= typical
     assert_caches_match(ref_caches, fused_caches, fused_attn.slot_mapping, tol)
+
+
+@needs_stack
+@pytest.mark.parametrize("lens", [[1], [5, 16, 17], [1, 2, 15, 16, 17, 33, 64, 100]])
+def test_stack_with_an_int8_cache_matches_layer_by_layer(lens: list[int]) -> None:
+    """An int8 cache: the stack writes each row's values and scale as the layer-by-layer path
+    does (kv_quant.quantize_rows) and attends to them as the paged_decode op does."""
+    spec = small_spec(False)
+    model = q4_model(spec, torch.float32)
+    _, ref_caches, fused_caches = random_caches(spec, torch.float32, seed=1)
+    ref_caches = [(quantize_rows(k), quantize_rows(v)) for k, v in ref_caches]
+    fused_caches = [(k.clone(), v.clone()) for k, v in ref_caches]
+    fused = FusedQ4Decode.build(model, fused_caches, FOUR_BIT)
+    assert fused is not None
+    ids, positions, attn = step(spec, lens, ref_caches)
+    with torch.inference_mode():
+        model.compute_logits = lambda x: x  # type: ignore[method-assign]
+        got = fused(ids, positions, AttnMetadata(**{**_fields(attn), "kv_caches": fused_caches}))
+        want = torch.cat([model(*row(ids, positions, attn, i)) for i in range(len(lens))])
+        del model.compute_logits
+    err = (got - want).abs() / want.abs().max()
+    assert err.max() <= 5e-3 and err.median() <= 1e-6
+    written = attn.slot_mapping
+    for (rk, rv), (fk, fv) in zip(ref_caches, fused_caches, strict=True):
+        for ref, out in ((rk, fk), (rv, fv)):
+            ref_rows, out_rows = ref.flatten(1, 2), out.flatten(1, 2)
+            a = dequantize_rows(ref_rows[:, written], torch.float32)
+            b = dequantize_rows(out_rows[:, written], torch.float32)
+            step_size = a.abs().amax(-1, keepdim=True) / 127  # one int8 step of the row
+            assert ((a - b).abs() <= step_size * 1.01 + 1e-6).all()
+            same = ref_rows[:, written, :-4] == out_rows[:, written, :-4]
+            assert same.float().mean() > 0.99  # the same int8 values, but for a rounding tie
+            others = torch.ones(ref_rows.shape[1], dtype=torch.bool)
+            others[written] = False
+            assert torch.equal(out_rows[:, others], ref_rows[:, others])
 
 
 Caches = list[tuple[torch.Tensor, torch.Tensor]]

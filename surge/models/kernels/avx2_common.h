@@ -11,6 +11,10 @@
 namespace surge {
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+// int8 KV rows: 8 values widened to float32 (the row's scale is applied by the caller).
+inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 inline __m256 load8(const at::BFloat16* p) {
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));

@@ -2,6 +2,10 @@
 // registers (elsewhere in plain loops the compiler vectorizes); shared by the paged_decode op
 // and the fused decode stack (q4_decode.cpp). SURGE_ATTEND_SIMD: attend_chunk is one of the
 // register paths, which take head sizes that are a multiple of 16.
+//
+// An int8 cache (T = int8_t) holds each row as HD int8 values followed by the row's float32
+// scale (4 bytes; value = int8 * scale): a key's dot product is scaled once, and a value row's
+// softmax weight takes its scale, so the rows are never widened to a float copy.
 #pragma once
 #include <torch/extension.h>
 #include <algorithm>
@@ -14,6 +18,36 @@
 #include "avx512_common.h"
 
 namespace surge {
+
+// Elements from one cache row to the next: an int8 row carries its scale after its values.
+template <typename T, int HD>
+constexpr int64_t kRowStride = std::is_same_v<T, int8_t> ? HD + 4 : HD;
+
+// The scale of an int8 row (1 for a float cache, whose rows hold their values as they are).
+template <typename T, int HD>
+inline float row_scale(const T* row) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    float s;
+    std::memcpy(&s, row + HD, sizeof(s));
+    return s;
+  } else {
+    return 1.f;
+  }
+}
+
+// One row into an int8 cache: the values times 127 / max |value| rounded to nearest even (as
+// torch.round of the same float32 product: a row written here or by the Python path is the
+// same), then the float32 scale max / 127 (0 for a zero row).
+template <int HD>
+inline void quantize_kv_row(const float* x, int8_t* dst) {
+  float amax = 0.f;
+  for (int i = 0; i < HD; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float mult = amax > 0.f ? 127.f / amax : 0.f;
+  for (int i = 0; i < HD; ++i)
+    dst[i] = static_cast<int8_t>(std::max(-127.f, std::min(127.f, std::nearbyint(x[i] * mult))));
+  const float scale = amax / 127.f;
+  std::memcpy(dst + HD, &scale, sizeof(scale));
+}
 
 // exp(x) for x <= 0, one lane: range reduction to 2^f, f in [0, 1), and a degree-6 polynomial
 // (relative error ~1e-7, like expf; exp16 below is the same); unlike std::exp it vectorizes.
@@ -129,12 +163,13 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
         for (int g = 0; g < G; ++g) part[g][j] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
         continue;
       }
-      const T* kr = kh + (table[t / bs] * bs + t % bs) * HD;
+      const T* kr = kh + (table[t / bs] * bs + t % bs) * kRowStride<T, HD>;
       __m512 k[V];
       for (int i = 0; i < V; ++i) k[i] = load16(kr + i * 16);
       for (int g = 0; g < G; ++g) {
         __m512 s = _mm512_mul_ps(qr[g][0], k[0]);
         for (int i = 1; i < V; ++i) s = _mm512_fmadd_ps(qr[g][i], k[i], s);
+        if constexpr (std::is_same_v<T, int8_t>) s = _mm512_mul_ps(s, _mm512_set1_ps(row_scale<T, HD>(kr)));
         part[g][j] = s;
       }
     }
@@ -195,11 +230,12 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
     return;
   }
   for (int64_t t = 0; t < len; ++t) {
-    const T* vr = vh + (table[t / bs] * bs + t % bs) * HD;
+    const T* vr = vh + (table[t / bs] * bs + t % bs) * kRowStride<T, HD>;
+    const float vs = row_scale<T, HD>(vr);
     __m512 v[V];
     for (int i = 0; i < V; ++i) v[i] = load16(vr + i * 16);
     for (int g = 0; g < G; ++g) {
-      const __m512 p = _mm512_set1_ps(scores[g * padded + t]);
+      const __m512 p = _mm512_set1_ps(scores[g * padded + t] * vs);
       for (int i = 0; i < V; ++i) acc[g][i] = _mm512_fmadd_ps(p, v[i], acc[g][i]);
     }
   }
@@ -244,7 +280,7 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
         for (int g = 0; g < G; ++g) _mm256_store_ps(part[g][j], neg_inf);
         continue;
       }
-      const T* kr = kh + (table[blk] * bs + off) * HD;
+      const T* kr = kh + (table[blk] * bs + off) * kRowStride<T, HD>;
       if (++off == bs) off = 0, ++blk;
       __m256 s[G];
       for (int g = 0; g < G; ++g) s[g] = _mm256_setzero_ps();
@@ -254,6 +290,10 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
         for (int g = 0; g < G; ++g)
           for (int i = 0; i < KC; ++i)
             s[g] = _mm256_fmadd_ps(_mm256_load_ps(&qf[g][(c + i) * 8]), k[i], s[g]);
+      }
+      if constexpr (std::is_same_v<T, int8_t>) {
+        const __m256 ks = _mm256_set1_ps(row_scale<T, HD>(kr));
+        for (int g = 0; g < G; ++g) s[g] = _mm256_mul_ps(s[g], ks);
       }
       for (int g = 0; g < G; ++g) _mm256_store_ps(part[g][j], s[g]);
     }
@@ -283,12 +323,16 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
       for (int i = 0; i < DC; ++i) acc[g][i] = _mm256_setzero_ps();
     blk = 0, off = 0;
     for (int64_t t = 0; t < len; ++t) {
-      const T* vr = vh + (table[blk] * bs + off) * HD + c * 8;
+      const T* row = vh + (table[blk] * bs + off) * kRowStride<T, HD>;
       if (++off == bs) off = 0, ++blk;
+      const T* vr = row + c * 8;
       __m256 v[DC];
       for (int i = 0; i < DC; ++i) v[i] = load8(vr + i * 8);
+      __m256 vs = _mm256_set1_ps(1.f);
+      if constexpr (std::is_same_v<T, int8_t>) vs = _mm256_set1_ps(row_scale<T, HD>(row));
       for (int g = 0; g < G; ++g) {
-        const __m256 p = _mm256_broadcast_ss(scores + g * padded + t);
+        __m256 p = _mm256_broadcast_ss(scores + g * padded + t);
+        if constexpr (std::is_same_v<T, int8_t>) p = _mm256_mul_ps(p, vs);
         for (int i = 0; i < DC; ++i) acc[g][i] = _mm256_fmadd_ps(p, v[i], acc[g][i]);
       }
     }
@@ -306,7 +350,10 @@ namespace surge {
 
 template <typename T, int HD>
 inline void widen_row(const T* src, float* dst) {
-  if constexpr (std::is_same_v<T, at::BFloat16>) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    const float scale = row_scale<T, HD>(src);
+    for (int i = 0; i < HD; ++i) dst[i] = static_cast<float>(src[i]) * scale;
+  } else if constexpr (std::is_same_v<T, at::BFloat16>) {
     const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
     uint32_t* d = reinterpret_cast<uint32_t*>(dst);
     for (int i = 0; i < HD; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
@@ -327,7 +374,7 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
   for (int g = 0; g < G; ++g) mx[g] = -std::numeric_limits<float>::infinity();
   alignas(64) float row[HD];
   for (int64_t t = 0; t < len; ++t) {
-    widen_row<T, HD>(kh + (table[t / bs] * bs + t % bs) * HD, row);
+    widen_row<T, HD>(kh + (table[t / bs] * bs + t % bs) * kRowStride<T, HD>, row);
     for (int g = 0; g < G; ++g) {
       float s = 0.f;
       for (int i = 0; i < HD; ++i) s += qf[g][i] * row[i];
@@ -348,7 +395,7 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
   }
   alignas(64) float acc[G][HD] = {};
   for (int64_t t = 0; t < len; ++t) {
-    widen_row<T, HD>(vh + (table[t / bs] * bs + t % bs) * HD, row);
+    widen_row<T, HD>(vh + (table[t / bs] * bs + t % bs) * kRowStride<T, HD>, row);
     for (int g = 0; g < G; ++g) {
       const float p = scores[g * padded + t];
       for (int i = 0; i < HD; ++i) acc[g][i] += p * row[i];

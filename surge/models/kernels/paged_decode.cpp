@@ -100,14 +100,14 @@ void decode_kernel(
   });
 }
 
-#ifdef SURGE_ATTEND_SIMD
-// The same computation in AVX-512 or AVX2 registers (decode_attention.h), for head sizes that
-// are a multiple of 16, parallel over (request, kv head).
+// The same computation in AVX-512 or AVX2 registers (decode_attention.h; elsewhere its plain
+// loops), for head sizes that are a multiple of 16, parallel over (request, kv head). Queries
+// and output of type Q: the cache's, or float32 against an int8 cache.
 using surge::attend_chunk;
 
-template <typename T, int HD>
-void decode_kernel_simd(const T* q, const T* k_cache, const T* v_cache, const int64_t* tables,
-                        const int64_t* lens, T* out, int64_t D, int64_t H, int64_t kvh,
+template <typename T, int HD, typename Q = T>
+void decode_kernel_simd(const Q* q, const T* k_cache, const T* v_cache, const int64_t* tables,
+                        const int64_t* lens, Q* out, int64_t D, int64_t H, int64_t kvh,
                         int64_t /*hd: HD*/, int64_t num_blocks, int64_t bs, int64_t max_blocks,
                         float scale) {
   constexpr int kChunk = 256 / HD;  // queries per pass: their registers fit beside the K rows
@@ -120,12 +120,12 @@ void decode_kernel_simd(const T* q, const T* k_cache, const T* v_cache, const in
       const int64_t padded = (len + 15) & ~int64_t(15);
       if (static_cast<int64_t>(sbuf.size()) < kChunk * padded) sbuf.resize(kChunk * padded);
       const int64_t* table = tables + d * max_blocks;
-      const T* kh = k_cache + h * num_blocks * bs * HD;
-      const T* vh = v_cache + h * num_blocks * bs * HD;
+      const T* kh = k_cache + h * num_blocks * bs * surge::kRowStride<T, HD>;
+      const T* vh = v_cache + h * num_blocks * bs * surge::kRowStride<T, HD>;
       for (int64_t g0 = 0; g0 < group; g0 += kChunk) {
         const int64_t row = d * H + h * group + g0;
-        const T* qg = q + row * HD;
-        T* og = out + row * HD;
+        const Q* qg = q + row * HD;
+        Q* og = out + row * HD;
         switch (std::min<int64_t>(kChunk, group - g0)) {
           case 1: attend_chunk<T, HD, 1>(qg, kh, vh, table, bs, len, scale, sbuf.data(), og); break;
           case 2: attend_chunk<T, HD, 2>(qg, kh, vh, table, bs, len, scale, sbuf.data(), og); break;
@@ -136,15 +136,38 @@ void decode_kernel_simd(const T* q, const T* k_cache, const T* v_cache, const in
     }
   });
 }
-#endif  // SURGE_ATTEND_SIMD
 
 }  // namespace
+
+// Against an int8 cache ([kv_heads, num_blocks, block_size, head_dim + 4]: each row's values,
+// then its float32 scale): float32 queries and output.
+torch::Tensor paged_decode_int8(
+    const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+    const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "paged_decode: an int8 cache takes float32 queries");
+  const int64_t D = q.size(0), H = q.size(1), hd = q.size(2);
+  const int64_t kvh = k_cache.size(0), num_blocks = k_cache.size(1), bs = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == hd + 4 && v_cache.sizes() == k_cache.sizes(),
+              "paged_decode: int8 cache rows are head_dim values and a float32 scale");
+  TORCH_CHECK(hd == 64 || hd == 128, "paged_decode: an int8 cache takes head size 64 or 128");
+  auto out = torch::empty_like(q);
+  auto run = [&](auto kernel) {
+    kernel(q.data_ptr<float>(), k_cache.data_ptr<int8_t>(), v_cache.data_ptr<int8_t>(),
+           block_tables.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(), out.data_ptr<float>(),
+           D, H, kvh, hd, num_blocks, bs, block_tables.size(1), static_cast<float>(scale));
+  };
+  if (hd == 64) run(decode_kernel_simd<int8_t, 64, float>);
+  else run(decode_kernel_simd<int8_t, 128, float>);
+  return out;
+}
 
 torch::Tensor paged_decode(
     const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
     const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale) {
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
   TORCH_CHECK(block_tables.is_contiguous() && seq_lens.is_contiguous());
+  if (k_cache.scalar_type() == at::kChar)
+    return paged_decode_int8(q, k_cache, v_cache, block_tables, seq_lens, scale);
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), "q and cache dtypes differ");
   const int64_t D = q.size(0), H = q.size(1), hd = q.size(2);
   const int64_t kvh = k_cache.size(0), num_blocks = k_cache.size(1), bs = k_cache.size(2);

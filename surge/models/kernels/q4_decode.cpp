@@ -199,11 +199,11 @@ class Q4DecodeStack {
     TORCH_CHECK(num_heads % num_kv_heads == 0, "q4_decode: heads");
     const torch::Tensor& kc0 = k_caches[0];
     TORCH_CHECK(kc0.dim() == 4 && kc0.size(0) == num_kv_heads, "q4_decode: cache shape");
-    hd_ = kc0.size(3);
-    TORCH_CHECK(hd_ == 64 || hd_ == 128, "q4_decode: head size 64 or 128");
     cache_dtype_ = kc0.scalar_type();
     TORCH_CHECK(cache_dtype_ == at::kFloat || cache_dtype_ == at::kBFloat16 ||
-                cache_dtype_ == at::kHalf, "q4_decode: cache dtype");
+                cache_dtype_ == at::kHalf || cache_dtype_ == at::kChar, "q4_decode: cache dtype");
+    hd_ = kc0.size(3) - (cache_dtype_ == at::kChar ? 4 : 0);  // an int8 row ends in its scale
+    TORCH_CHECK(hd_ == 64 || hd_ == 128, "q4_decode: head size 64 or 128");
     hidden_ = weights[0].size(0);
     const int64_t q_size = heads_ * hd_, kv_size = kv_heads_ * hd_;
     qkv_n_ = q_size + 2 * kv_size;
@@ -333,6 +333,7 @@ class Q4DecodeStack {
     switch (cache_dtype_) {
       case at::kFloat: hd_ == 64 ? run<float, 64>(s) : run<float, 128>(s); break;
       case at::kBFloat16: hd_ == 64 ? run<at::BFloat16, 64>(s) : run<at::BFloat16, 128>(s); break;
+      case at::kChar: hd_ == 64 ? run<int8_t, 64>(s) : run<int8_t, 128>(s); break;
       default: hd_ == 64 ? run<at::Half, 64>(s) : run<at::Half, 128>(s); break;
     }
     return out;
@@ -465,9 +466,14 @@ class Q4DecodeStack {
           const float* sn = sin + s.pos[m] * HD;
           for (int64_t h = 0; h < heads_ + kv_heads_; ++h) rope(row + h * HD, c, sn, HD);
           for (int64_t h = 0; h < kv_heads_; ++h) {
-            const int64_t dst = (h * s.slots + s.slot[m]) * HD;
+            const int64_t dst = (h * s.slots + s.slot[m]) * surge::kRowStride<T, HD>;
             const float* k = row + q_size + h * HD;
             const float* v = row + q_size + kv_size + h * HD;
+            if constexpr (std::is_same_v<T, int8_t>) {
+              surge::quantize_kv_row<HD>(k, kc + dst);
+              surge::quantize_kv_row<HD>(v, vc + dst);
+              continue;
+            }
             for (int64_t i = 0; i < HD; ++i) {
               kc[dst + i] = static_cast<T>(k[i]);
               vc[dst + i] = static_cast<T>(v[i]);
@@ -483,7 +489,7 @@ class Q4DecodeStack {
           const int64_t per = M * kv_heads_ >= 4 * n ? group : 1;  // query heads per unit
           const int64_t units_per_row = heads_ / per;
           const auto [b, e] = share(M * units_per_row, tid, n);
-          const int64_t head_stride = L.k_cache.size(1) * s.bs * HD;
+          const int64_t head_stride = L.k_cache.size(1) * s.bs * surge::kRowStride<T, HD>;
           for (int64_t u = b; u < e; ++u) {
             const int64_t m = u / units_per_row, h0 = (u % units_per_row) * per;
             const int64_t kvh = h0 / group;
