@@ -59,7 +59,7 @@ class ModelRunner:
         if use_kernels and device.type == "cpu":
             int8_kv = bool(kv_caches) and kv_caches[0][0].dtype == torch.int8
             if load_paged_decode() is not None and (
-                not int8_kv or model.spec.head_dim in (64, 128)  # the op's int8 head sizes
+                not int8_kv or model.spec.head_dim in (64, 128, 256)  # the op's int8 head sizes
             ):
                 self.decode_op = torch.ops.surge.paged_decode
                 self.write_kv_op = torch.ops.surge.write_kv

@@ -23,7 +23,8 @@ from surge.models.kv_quant import dequantize_rows, quantize_rows
     ("head_dim", "heads", "kv_heads"),
     # 64 and 128 take the AVX-512 kernel where the CPU has it (queries in chunks of 256 / head_dim:
     # groups 1, 3, 8 cover one partial, one exact and several chunks); 32 the portable one.
-    [(64, 6, 2), (64, 8, 8), (64, 8, 1), (128, 6, 2), (128, 4, 1), (32, 6, 2)],
+    # 256 (Gemma 3): the portable one for float caches, the register path for int8 ones.
+    [(64, 6, 2), (64, 8, 8), (64, 8, 1), (128, 6, 2), (128, 4, 1), (32, 6, 2), (256, 4, 1)],
 )
 def test_kernel_matches_torch_ops(
     dtype: torch.dtype, tol: float, head_dim: int, heads: int, kv_heads: int

@@ -128,7 +128,7 @@ void decode_kernel_simd(const Q* q, const T* k_cache, const T* v_cache, const in
         Q* og = out + row * HD;
         switch (std::min<int64_t>(kChunk, group - g0)) {
           case 1: attend_chunk<T, HD, 1>(qg, kh, vh, table, bs, len, scale, sbuf.data(), og); break;
-          case 2: attend_chunk<T, HD, 2>(qg, kh, vh, table, bs, len, scale, sbuf.data(), og); break;
+          case 2: if constexpr (kChunk >= 2) attend_chunk<T, HD, 2>(qg, kh, vh, table, bs, len, scale, sbuf.data(), og); break;
           case 3: if constexpr (kChunk >= 3) attend_chunk<T, HD, 3>(qg, kh, vh, table, bs, len, scale, sbuf.data(), og); break;
           case 4: if constexpr (kChunk >= 4) attend_chunk<T, HD, 4>(qg, kh, vh, table, bs, len, scale, sbuf.data(), og); break;
         }
@@ -149,7 +149,8 @@ torch::Tensor paged_decode_int8(
   const int64_t kvh = k_cache.size(0), num_blocks = k_cache.size(1), bs = k_cache.size(2);
   TORCH_CHECK(k_cache.size(3) == hd + 4 && v_cache.sizes() == k_cache.sizes(),
               "paged_decode: int8 cache rows are head_dim values and a float32 scale");
-  TORCH_CHECK(hd == 64 || hd == 128, "paged_decode: an int8 cache takes head size 64 or 128");
+  TORCH_CHECK(hd == 64 || hd == 128 || hd == 256,
+              "paged_decode: an int8 cache takes head size 64, 128 or 256");
   auto out = torch::empty_like(q);
   auto run = [&](auto kernel) {
     kernel(q.data_ptr<float>(), k_cache.data_ptr<int8_t>(), v_cache.data_ptr<int8_t>(),
@@ -157,7 +158,8 @@ torch::Tensor paged_decode_int8(
            D, H, kvh, hd, num_blocks, bs, block_tables.size(1), static_cast<float>(scale));
   };
   if (hd == 64) run(decode_kernel_simd<int8_t, 64, float>);
-  else run(decode_kernel_simd<int8_t, 128, float>);
+  else if (hd == 128) run(decode_kernel_simd<int8_t, 128, float>);
+  else run(decode_kernel_simd<int8_t, 256, float>);  // Gemma 3
   return out;
 }
 
