@@ -2,7 +2,8 @@
 sampler, update. Decode steps of N requests with ~100-token prompts, SmolLM2, bf16 by default.
 
     python benchmarks/profile_step.py [--requests 64] [--steps 20] [--dtype bfloat16]
-        [--quantization int8] [--compile] [--model gemma3-270m]
+        [--quantization int8] [--compile] [--model gemma3-270m] [--kv-cache-dtype int8]
+        [--context 100]
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--model", default="smollm2-135m", help="e.g. gemma3-270m")
     ap.add_argument("--top", type=int, default=0, help="also print the N ops with most self time")
+    ap.add_argument("--kv-cache-dtype", default="auto")
+    ap.add_argument("--context", type=int, default=100, help="prompt tokens a request")
     args = ap.parse_args()
     llm = LLM(
         args.model,
@@ -51,12 +54,15 @@ def main() -> None:
         compile=args.compile,
         compile_warmup=False,  # only the one batch size profiled gets compiled
         max_num_seqs=max(args.requests, 1),
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     eng = llm.engine
-    text = "Large language models are served to many users at once by batching requests. " * 8
+    text = "Large language models are served to many users at once by batching requests. " * (
+        1 + args.context // 12
+    )
     params = SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True)
     for i in range(args.requests):
-        ids = llm.tokenizer.encode(f"{i}: {text}")[:100]
+        ids = llm.tokenizer.encode(f"{i}: {text}")[: args.context]
         eng.add_request(EngineCoreRequest(str(i), ids, params))
     while eng.scheduler.waiting or any(
         r.num_computed_tokens < r.num_prompt_tokens for r in eng.scheduler.running
