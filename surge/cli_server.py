@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -47,6 +48,18 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drain-timeout", type=float, default=30.0, help="seconds")
     g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
     g.add_argument("--default-max-tokens", type=int, default=None)
+    g.add_argument(
+        "--generation-config",
+        default="auto",
+        help="defaults for the sampling fields a request leaves out: auto (the model's "
+        "generation_config.json or GGUF sampling keys), vllm (none), or a folder",
+    )
+    g.add_argument(
+        "--override-generation-config",
+        type=_json_object,
+        default={},
+        help="JSON, e.g. '{\"temperature\": 0.7}': set on top of --generation-config",
+    )
     g.add_argument("--log-requests", action="store_true")
     g.add_argument(
         "--allow-runtime-lora-updating",
@@ -157,6 +170,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         drain_timeout_s=args.drain_timeout,
         max_body_bytes=args.max_body_bytes,
         default_max_tokens=args.default_max_tokens,
+        generation_config=args.generation_config,
+        override_generation_config=args.override_generation_config,
         log_requests=args.log_requests,
         allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
@@ -200,3 +215,13 @@ def _int_list(text: str) -> tuple[int, ...]:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise SystemExit(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _json_object(text: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value

@@ -33,6 +33,11 @@ class ServerConfig:
     drain_timeout_s: float = 30.0  # SIGTERM: how long in-flight requests may finish
     max_body_bytes: int = 4 * 1024 * 1024
     default_max_tokens: int | None = None  # None: up to the context length, as vLLM
+    # Defaults for the sampling fields a request leaves out: "auto" the model's own
+    # (generation_config.json, a GGUF's general.sampling.*), "vllm" none, or a folder's file;
+    # then these fields on top (--override-generation-config).
+    generation_config: str = "auto"
+    override_generation_config: dict[str, float] = field(default_factory=dict)
     log_requests: bool = False
     # Added to the API process's nice value once the engine process has started (which keeps
     # its own), so that on a box of few cores the engine's threads win the CPU they wait for

@@ -11,12 +11,14 @@ import asyncio
 import logging
 import os
 import time
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
 from surge.engine.client import AsyncEngineClient
 from surge.engine.config import EngineConfig
+from surge.models.generation_config import sampling_defaults
 from surge.models.resolve import resolve_model
 from surge.models.weights import open_model
 from surge.observability.embedding_metrics import EmbeddingMetrics
@@ -90,6 +92,20 @@ def _load_embeddings(config: ServerConfig, metrics: ServerMetrics) -> EmbeddingS
     return service
 
 
+def _sampling_defaults(config: ServerConfig, model_path: Path) -> dict[str, float]:
+    """The model's recommended sampling (or --generation-config's), logged as vLLM does."""
+    try:
+        found = sampling_defaults(
+            model_path, config.generation_config, config.override_generation_config
+        )
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if found:
+        log.info("defaults for the sampling fields a request leaves out (--generation-config "
+                 "vllm to ignore the model's): %s", found)  # fmt: skip
+    return {k: float(v) for k, v in found.items()}
+
+
 async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int:
     """Run until drained or the engine dies; returns the process exit code."""
     path = resolve_model(engine_config.model.model)
@@ -111,6 +127,7 @@ async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int
     embeddings = _load_embeddings(server_config, metrics)
     tracing = Tracing.start(server_config.tracing)
     state = ServerState.create(server_config, client, metrics, embeddings, tracing)
+    state.sampling_defaults = _sampling_defaults(server_config, path)
     if state.tool_parser is not None:
         log.info(
             'tool_choice "auto": %s tool calls, %s', state.tool_parser.name,

@@ -218,7 +218,9 @@ class _SamplingRequest(_Model):
         renames: Mapping[str, str],
         structured: StructuredOutput | None,
         prompt_logprobs: int | None = None,
+        defaults: Mapping[str, float] | None = None,  # the model's (generation_config.py)
     ) -> SamplingParams:
+        d = defaults or {}
         if not 1 <= self.n <= MAX_N:
             raise BadRequestError(f"n must be between 1 and {MAX_N}, got {self.n}", param="n")
         if self.stream and prompt_logprobs is not None:
@@ -230,16 +232,14 @@ class _SamplingRequest(_Model):
         try:
             return SamplingParams(
                 n=self.n,
-                temperature=1.0 if self.temperature is None else self.temperature,
-                top_p=1.0 if self.top_p is None else self.top_p,
-                top_k=0 if self.top_k is None else self.top_k,
-                min_p=0.0 if self.min_p is None else self.min_p,
+                temperature=_or(self.temperature, d.get("temperature", 1.0)),
+                top_p=_or(self.top_p, d.get("top_p", 1.0)),
+                top_k=int(_or(self.top_k, d.get("top_k", 0))),
+                min_p=_or(self.min_p, d.get("min_p", 0.0)),
                 seed=self.seed,
                 presence_penalty=self.presence_penalty or 0.0,
                 frequency_penalty=self.frequency_penalty or 0.0,
-                repetition_penalty=(
-                    1.0 if self.repetition_penalty is None else self.repetition_penalty
-                ),
+                repetition_penalty=_or(self.repetition_penalty, d.get("repetition_penalty", 1.0)),
                 max_tokens=max_tokens,
                 min_tokens=self.min_tokens,
                 stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
@@ -258,6 +258,10 @@ class _SamplingRequest(_Model):
             )
         except ValueError as exc:
             raise sampling_error(str(exc), renames) from exc
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _token_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
@@ -321,15 +325,19 @@ class CompletionRequest(_SamplingRequest):
             return [[t for t in p if isinstance(t, int)]]
         return [x for x in p if not isinstance(x, int)]
 
-    def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        """Engine settings; raises BadRequestError(param=...) for any out-of-range value."""
+    def to_sampling_params(
+        self, default_max_tokens: int, defaults: Mapping[str, float] | None = None
+    ) -> SamplingParams:
+        """Engine settings; raises BadRequestError(param=...) for any out-of-range value.
+        `defaults`: the model's, for the fields the request leaves out."""
         max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
         prompt_logprobs = self.prompt_logprobs
         if self.echo and self.logprobs is not None:  # OpenAI's echo scores the prompt too
             prompt_logprobs = max(prompt_logprobs or 0, self.logprobs)
         return self._sampling_params(max_tokens=max_tokens, logprobs=self.logprobs, renames={},
                                      structured=self.structured_output(),
-                                     prompt_logprobs=prompt_logprobs)  # fmt: skip
+                                     prompt_logprobs=prompt_logprobs,
+                                     defaults=defaults)  # fmt: skip
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -387,7 +395,10 @@ class ChatCompletionRequest(_SamplingRequest):
         return template_messages(self.messages)
 
     def to_sampling_params(
-        self, default_max_tokens: int, plan: ToolPlan | EllipsisType | None = ...
+        self,
+        default_max_tokens: int,
+        plan: ToolPlan | EllipsisType | None = ...,
+        defaults: Mapping[str, float] | None = None,
     ) -> SamplingParams:
         """Engine settings; raises BadRequestError(param=...) for any out-of-range value.
         `plan`: the request's tool plan, when the caller has it already."""
@@ -405,7 +416,7 @@ class ChatCompletionRequest(_SamplingRequest):
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(
             max_tokens=max_tokens, logprobs=logprobs, renames=renames, structured=structured,
-            prompt_logprobs=self.prompt_logprobs,
+            prompt_logprobs=self.prompt_logprobs, defaults=defaults,
         )  # fmt: skip
 
 

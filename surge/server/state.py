@@ -41,6 +41,8 @@ class ServerState:
     reasoning: ReasoningParser | None = None  # --reasoning-parser
     background: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # by response id
     streams: EventLogs = field(default_factory=EventLogs)  # streamed background responses' events
+    # The model's recommended sampling for fields a request leaves out (generation_config.py).
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def create(
@@ -68,6 +70,14 @@ class ServerState:
             responses=ResponseStore(config.responses_store_max),
             reasoning=REASONING_PARSERS.get(config.reasoning_parser or ""),
         )
+
+    @property
+    def default_max_tokens(self) -> int | None:
+        """--default-max-tokens, else the model's max_new_tokens, else None (the context)."""
+        if self.config.default_max_tokens is not None:
+            return self.config.default_max_tokens
+        found = self.sampling_defaults.get("max_tokens")
+        return None if found is None else int(found)
 
     @property
     def template_renders_tools(self) -> bool:

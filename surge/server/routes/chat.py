@@ -115,9 +115,9 @@ def start_chat(
     )
     check_context_length(len(prompt), max_tokens, state.max_model_len, param=param)
     room = state.max_model_len - len(prompt)
-    default = room if state.config.default_max_tokens is None else state.config.default_max_tokens
+    default = room if state.default_max_tokens is None else state.default_max_tokens
     plan = body.tool_plan(auto_tools=state.tool_parser is not None)
-    params = body.to_sampling_params(default_max_tokens=min(default, room), plan=plan)
+    params = body.to_sampling_params(min(default, room), plan, state.sampling_defaults)
     opens = state.reasoning is not None and text.rstrip().endswith(THINK_START)
     if state.reasoning is not None and (structured := params.structured) is not None:
         # A reasoning model thinks first: the constraint holds from its `</think>` on. Not

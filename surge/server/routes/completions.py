@@ -46,8 +46,8 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         check_context_length(len(ids), body.max_tokens, state.max_model_len, param="prompt")
         prompts.append(ids)
     room = state.max_model_len - max(len(p) for p in prompts)
-    default = room if state.config.default_max_tokens is None else state.config.default_max_tokens
-    params = body.to_sampling_params(default_max_tokens=min(default, room))
+    default = room if state.default_max_tokens is None else state.default_max_tokens
+    params = body.to_sampling_params(min(default, room), state.sampling_defaults)
     job = start_job(
         state, request, prompts, params, request_id=body.request_id, user=body.user,
         priority=body.priority if "priority" in body.model_fields_set else None,
