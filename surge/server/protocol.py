@@ -166,6 +166,10 @@ class _SamplingRequest(_Model):
     allowed_token_ids: list[StrictInt] | None = None
     bad_words: list[StrictStr] | None = None
     prompt_logprobs: StrictInt | None = None
+    # vLLM's: the prompt's and each choice's token ids in the answer (RL trainers need the
+    # very tokens sampled, not a re-tokenization); logprobs' tokens as "token_id:{id}".
+    return_token_ids: StrictBool = False
+    return_tokens_as_token_ids: StrictBool = False
     # Structured output: OpenAI's response_format, vLLM's structured_outputs and guided_* fields
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsParams | None = None
@@ -452,48 +456,3 @@ def check_context_length(
             param="max_tokens",
             code="context_length_exceeded",
         )
-
-
-class TokenizeRequest(_Model):
-    """vLLM /tokenize: either `prompt` or `messages` (rendered as /v1/chat/completions renders
-    them: the chat template, the tools, an open final message)."""
-
-    model: StrictStr | None = None
-    prompt: StrictStr | None = None
-    messages: list[ChatMessage] | None = None
-    add_generation_prompt: StrictBool = True
-    continue_final_message: StrictBool = False
-    add_special_tokens: StrictBool | None = None  # None: True for prompt, False for messages
-    chat_template_kwargs: dict[str, Any] | None = None
-    tools: list[ToolSpec] | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one_input(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("exactly one of prompt or messages is required")
-        if self.messages is not None:
-            _non_empty_messages(self.messages)
-        return _check_continuation(self)
-
-    def template_messages(self) -> list[dict[str, Any]]:
-        return template_messages(self.messages or [])
-
-    def template_tools(self) -> list[dict[str, Any]] | None:
-        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
-
-    def wants_special_tokens(self) -> bool:
-        # A chat template already writes BOS and friends; adding them again would double them.
-        if self.add_special_tokens is not None:
-            return self.add_special_tokens
-        return self.messages is None
-
-
-class DetokenizeRequest(_Model):
-    model: StrictStr | None = None
-    tokens: list[StrictInt]
-
-    @field_validator("tokens")
-    @classmethod
-    def _valid_ids(cls, tokens: list[int]) -> list[int]:
-        _check_token_ids(tokens, "tokens")
-        return tokens

@@ -109,10 +109,13 @@ class CompletionChoice(_Model):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"; null while streaming
     prompt_logprobs: PromptLogprobs | None = None  # only when asked for
+    # return_token_ids (vLLM): the choice's prompt (first chunk of a stream) and its tokens
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
     @model_serializer(mode="wrap")
     def _omit_no_prompt_logprobs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_none(handler(self), "prompt_logprobs")
+        return _without_none(handler(self), "prompt_logprobs", "prompt_token_ids", "token_ids")
 
 
 class CompletionResponse(_Model):
@@ -167,6 +170,11 @@ class ChatCompletionChoice(_Model):
     message: ChatResponseMessage
     logprobs: ChatChoiceLogProbs | None = None
     finish_reason: str | None = "stop"
+    token_ids: list[int] | None = None  # return_token_ids (vLLM)
+
+    @model_serializer(mode="wrap")
+    def _omit_no_token_ids(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self), "token_ids")
 
 
 class ChatCompletionResponse(_Model):
@@ -177,15 +185,17 @@ class ChatCompletionResponse(_Model):
     choices: list[ChatCompletionChoice]
     usage: UsageInfo
     prompt_logprobs: PromptLogprobs | None = None  # only when asked for (vLLM)
+    prompt_token_ids: list[int] | None = None  # return_token_ids (vLLM)
 
     @model_serializer(mode="wrap")
     def _omit_no_prompt_logprobs(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_none(handler(self), "prompt_logprobs")
+        return _without_none(handler(self), "prompt_logprobs", "prompt_token_ids")
 
 
-def _without_none(out: dict[str, Any], key: str) -> dict[str, Any]:
-    if out.get(key) is None:
-        out.pop(key, None)
+def _without_none(out: dict[str, Any], *keys: str) -> dict[str, Any]:
+    for key in keys:
+        if out.get(key) is None:
+            out.pop(key, None)
     return out
 
 
@@ -207,6 +217,11 @@ class ChatCompletionStreamChoice(_Model):
     delta: DeltaMessage = Field(default_factory=DeltaMessage)
     logprobs: ChatChoiceLogProbs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = None  # return_token_ids: this chunk's tokens
+
+    @model_serializer(mode="wrap")
+    def _omit_no_token_ids(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self), "token_ids")
 
 
 class ChatCompletionStreamResponse(_StreamChunk):
@@ -215,4 +230,9 @@ class ChatCompletionStreamResponse(_StreamChunk):
     created: int = Field(default_factory=_unix_now)
     model: str
     choices: list[ChatCompletionStreamChoice] = Field(default_factory=list)
+    prompt_token_ids: list[int] | None = None  # return_token_ids: in the first chunk
     usage: UsageInfo | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_no_prompt_ids(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_none(handler(self), "prompt_token_ids")

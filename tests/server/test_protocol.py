@@ -18,12 +18,11 @@ from surge.server.protocol import (
     MAX_N,
     ChatCompletionRequest,
     CompletionRequest,
-    DetokenizeRequest,
     TextContentPart,
-    TokenizeRequest,
     check_context_length,
     flatten_message_content,
 )
+from surge.server.protocol_tokenize import DetokenizeRequest, TokenizeRequest
 
 MSGS = [{"role": "user", "content": "hi"}]
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}}

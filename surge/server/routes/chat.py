@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from surge.engine.output_processor import SequenceDelta
 from surge.server.errors import BadRequestError
-from surge.server.protocol import ChatCompletionRequest, TokenizeRequest, check_context_length
+from surge.server.protocol import ChatCompletionRequest, check_context_length
 from surge.server.protocol_responses import (
     ChatCompletionChoice,
     ChatCompletionResponse,
@@ -20,6 +20,7 @@ from surge.server.protocol_responses import (
     DeltaMessage,
     new_chat_completion_id,
 )
+from surge.server.protocol_tokenize import TokenizeRequest
 from surge.server.reasoning import END as THINK_END
 from surge.server.reasoning import START as THINK_START
 from surge.server.reasoning import ReasoningParser, ReasoningStream
@@ -146,10 +147,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         return _stream(chat, body, model)
     if not await run_to_completion(job, request):
         return Response(status_code=499)
-    tok = state.tokenizer
+    tok, as_ids, ids = state.tokenizer, body.return_tokens_as_token_ids, body.return_token_ids
     choices = []
     for i, c in enumerate(job.choices):
-        logprobs = chat_logprobs(tok, c.logprobs) if params.logprobs is not None else None
+        logprobs = None if params.logprobs is None else chat_logprobs(tok, c.logprobs, as_ids)
         reasoning, rest = chat.split(c.text)
         message = ChatResponseMessage(content=rest, reasoning=reasoning)
         finish_reason = c.finish_reason
@@ -161,13 +162,18 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
             finish_reason = tool_calls_finish_reason(c.finish_reason)
         choices.append(
             ChatCompletionChoice(
-                index=i, message=message, logprobs=logprobs, finish_reason=finish_reason
+                index=i,
+                message=message,
+                logprobs=logprobs,
+                finish_reason=finish_reason,
+                token_ids=c.token_ids if ids else None,
             )
         )
     scores = job.choices[0].prompt_logprobs if body.prompt_logprobs is not None else None
     resp = ChatCompletionResponse(
         model=model, choices=choices, usage=job.usage(),
         prompt_logprobs=None if scores is None else prompt_logprobs_field(tok, prompt, scores),
+        prompt_token_ids=prompt if ids else None,
     )  # fmt: skip
     return JSONResponse(resp.model_dump(mode="json"))
 
@@ -183,8 +189,17 @@ def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
     job, plan, parser = chat.job, chat.plan, chat.parser
     cid = new_chat_completion_id()
     include_usage = body.include_usage
-    tok = job.state.tokenizer
+    tok, as_ids = job.state.tokenizer, body.return_tokens_as_token_ids
     want_logprobs = job.params.logprobs is not None
+    # return_token_ids: each choice's tokens ride on its next chunk (a token may add no text).
+    pending: list[list[int]] | None = [[] for _ in job.choices] if body.return_token_ids else None
+
+    def take(i: int) -> list[int] | None:
+        if pending is None:
+            return None
+        ids, pending[i] = pending[i], []
+        return ids or None
+
     # A named function's arguments stream as they come; a "required" list is sent whole at the
     # end, when it parses.
     call_ids = [new_call_id() for _ in job.choices]
@@ -192,9 +207,10 @@ def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
     calls = None if parser is None else [ToolCallStream(parser) for _ in job.choices]
     thinking = chat.reasoning_streams()
 
-    def chunk(choices: list[ChatCompletionStreamChoice]) -> str:
+    def chunk(choices: list[ChatCompletionStreamChoice], prompt: list[int] | None = None) -> str:
         usage = job.usage() if body.continuous_usage else None
-        out = ChatCompletionStreamResponse(id=cid, model=model, choices=choices, usage=usage)
+        out = ChatCompletionStreamResponse(id=cid, model=model, choices=choices, usage=usage,
+                                           prompt_token_ids=prompt)  # fmt: skip
         return out.to_sse(include_usage=include_usage)
 
     def opening(i: int) -> DeltaMessage:
@@ -204,18 +220,21 @@ def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
             return DeltaMessage(role="assistant", tool_calls=[call])
         return DeltaMessage(role="assistant", content="")
 
+    prompt_ids = chat.prompt if body.return_token_ids else None
     first = [
-        chunk([ChatCompletionStreamChoice(index=i, delta=opening(i))])
+        chunk([ChatCompletionStreamChoice(index=i, delta=opening(i))], None if i else prompt_ids)
         for i in range(len(job.choices))
     ]
 
     def render(deltas: list[tuple[int, SequenceDelta]]) -> list[str]:
         out = []
         for i, d in deltas:
+            if pending is not None:
+                pending[i] += d.token_ids
             logprobs = None
             if want_logprobs and d.logprobs is not None:
                 triples = delta_triples(d)
-                logprobs = chat_logprobs(tok, triples)
+                logprobs = chat_logprobs(tok, triples, as_ids)
             text, fresh, thought = job.choices[i].text, d.text, ""
             if thinking is not None:  # the reasoning apart; the rest is what follows
                 thought, fresh = thinking[i].update(text, d.finish_reason is not None)
@@ -225,19 +244,20 @@ def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
                 if content or pieces or thought or logprobs is not None:
                     delta = DeltaMessage(reasoning=thought or None, content=content or None,
                                          tool_calls=pieces or None)  # fmt: skip
-                    choice = ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs)
+                    choice = ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs,
+                                                        token_ids=take(i))  # fmt: skip
                     out.append(chunk([choice]))
             elif plan is None and (fresh or thought or logprobs is not None):
                 said = fresh if thinking is None else fresh or None
                 delta = DeltaMessage(reasoning=thought or None, content=said)
-                out.append(
-                    chunk([ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs)])
-                )
+                out.append(chunk([ChatCompletionStreamChoice(index=i, delta=delta,
+                                                             logprobs=logprobs,
+                                                             token_ids=take(i))]))  # fmt: skip
             elif streams_arguments and d.text:
                 delta = DeltaMessage(tool_calls=[{"index": 0, "function": {"arguments": d.text}}])
-                out.append(
-                    chunk([ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs)])
-                )
+                out.append(chunk([ChatCompletionStreamChoice(index=i, delta=delta,
+                                                             logprobs=logprobs,
+                                                             token_ids=take(i))]))  # fmt: skip
             if d.finish_reason is not None:
                 reason = d.finish_reason
                 if plan is not None:
@@ -245,7 +265,8 @@ def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
                     reason = plan.finish_reason(d.finish_reason) or reason
                 elif calls is not None and calls[i].called:
                     reason = tool_calls_finish_reason(reason) or reason
-                out.append(chunk([ChatCompletionStreamChoice(index=i, finish_reason=reason)]))
+                out.append(chunk([ChatCompletionStreamChoice(index=i, finish_reason=reason,
+                                                             token_ids=take(i))]))  # fmt: skip
         return out
 
     def last() -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -56,25 +58,27 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     model = body.model or state.config.served_model_name
     echo = [tok.decode(p) if body.echo else "" for p in prompts]
     if body.stream:
-        return _stream(job, body, model, echo)
+        return _stream(job, body, model, echo, prompts)
     if not await run_to_completion(job, request):
         return Response(status_code=499)
     choices = []
+    as_ids, want_ids = body.return_tokens_as_token_ids, body.return_token_ids
     for i, c in enumerate(job.choices):
         prefix, prompt = echo[i // params.n], prompts[i // params.n]
         logprobs = None
         if params.logprobs is not None and body.echo and c.prompt_logprobs is not None:
             # The echoed prompt's tokens first, scored (OpenAI's shape: null for the first).
             triples = [*prompt_triples(prompt, c.prompt_logprobs), *c.logprobs]
-            logprobs = completion_logprobs(tok, triples)
+            logprobs = completion_logprobs(tok, triples, as_ids=as_ids)
         elif params.logprobs is not None:
-            logprobs = completion_logprobs(tok, c.logprobs, len(prefix))
+            logprobs = completion_logprobs(tok, c.logprobs, len(prefix), as_ids)
         scores = None
         if body.prompt_logprobs is not None and c.prompt_logprobs is not None:
             scores = prompt_logprobs_field(tok, prompt, c.prompt_logprobs)
         choices.append(CompletionChoice(index=i, text=prefix + c.text, logprobs=logprobs,
-                                        finish_reason=c.finish_reason,
-                                        prompt_logprobs=scores))  # fmt: skip
+                                        finish_reason=c.finish_reason, prompt_logprobs=scores,
+                                        prompt_token_ids=prompt if want_ids else None,
+                                        token_ids=c.token_ids if want_ids else None))  # fmt: skip
     resp = CompletionResponse(
         model=model,
         choices=choices,
@@ -83,12 +87,25 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     return JSONResponse(resp.model_dump(mode="json"))
 
 
-def _stream(job: Job, body: CompletionRequest, model: str, echo: list[str]) -> Response:
+def _stream(
+    job: Job, body: CompletionRequest, model: str, echo: list[str], prompts: list[list[int]]
+) -> Response:
     cid = new_completion_id()
     include_usage = body.include_usage
-    tok = job.state.tokenizer
+    tok, as_ids = job.state.tokenizer, body.return_tokens_as_token_ids
     n = job.params.n
     want_logprobs = job.params.logprobs is not None
+    # return_token_ids: a choice's prompt on its first chunk, its tokens on the next one sent
+    # (a token may add no text yet).
+    unsent_prompt = [body.return_token_ids] * len(job.choices)
+    pending: list[list[int]] = [[] for _ in job.choices]
+
+    def choice(i: int, text: str, **fields: Any) -> CompletionChoice:
+        if body.return_token_ids:
+            fields["prompt_token_ids"] = prompts[i // n] if unsent_prompt[i] else None
+            unsent_prompt[i], (ids, pending[i]) = False, (pending[i], [])
+            fields["token_ids"] = ids or None
+        return CompletionChoice(index=i, text=text, **fields)
 
     def chunk(choices: list[CompletionChoice]) -> str:
         usage = job.usage() if body.continuous_usage else None
@@ -97,20 +114,18 @@ def _stream(job: Job, body: CompletionRequest, model: str, echo: list[str]) -> R
 
     first = []
     if any(echo):
-        first = [
-            chunk([CompletionChoice(index=i, text=echo[i // n]) for i in range(len(job.choices))])
-        ]
+        first = [chunk([choice(i, echo[i // n]) for i in range(len(job.choices))])]
 
     def render(deltas: list[tuple[int, SequenceDelta]]) -> list[str]:
         choices = []
         for i, d in deltas:
+            pending[i] += d.token_ids
             logprobs = None
             if want_logprobs and d.logprobs is not None:
                 triples = delta_triples(d)
-                logprobs = completion_logprobs(tok, triples)
+                logprobs = completion_logprobs(tok, triples, as_ids=as_ids)
             if d.text or d.finish_reason or logprobs is not None:
-                choices.append(CompletionChoice(index=i, text=d.text, logprobs=logprobs,
-                                                finish_reason=d.finish_reason))  # fmt: skip
+                choices.append(choice(i, d.text, logprobs=logprobs, finish_reason=d.finish_reason))
         return [chunk(choices)] if choices else []
 
     def last() -> list[str]:

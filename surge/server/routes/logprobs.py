@@ -19,20 +19,24 @@ Triple = tuple[int, float, tuple[tuple[int, float], ...]]
 EchoTriple = tuple[int, float | None, tuple[tuple[int, float], ...] | None]
 
 
-def token_text(tok: Tokenizer, token_id: int) -> str:
-    return tok.decode([token_id], skip_special_tokens=False)
+def token_text(tok: Tokenizer, token_id: int, as_id: bool = False) -> str:
+    """A token as logprobs name it: its text, or vLLM's "token_id:{id}" (as_id: the request's
+    return_tokens_as_token_ids, for tokens whose text is not a whole character)."""
+    return f"token_id:{token_id}" if as_id else tok.decode([token_id], skip_special_tokens=False)
 
 
 def completion_logprobs(
-    tok: Tokenizer, triples: Sequence[EchoTriple], text_offset: int = 0
+    tok: Tokenizer, triples: Sequence[EchoTriple], text_offset: int = 0, as_ids: bool = False
 ) -> CompletionLogProbs:
     out = CompletionLogProbs()
     offset = text_offset
     for token_id, logprob, top in triples:
-        text = token_text(tok, token_id)
+        text = token_text(tok, token_id, as_ids)
         out.tokens.append(text)
         out.token_logprobs.append(logprob)
-        out.top_logprobs.append(None if top is None else {token_text(tok, t): lp for t, lp in top})
+        out.top_logprobs.append(
+            None if top is None else {token_text(tok, t, as_ids): lp for t, lp in top}
+        )
         out.text_offset.append(offset)
         offset += len(text)
     return out
@@ -63,10 +67,12 @@ def prompt_logprobs_field(
     return out
 
 
-def chat_logprobs(tok: Tokenizer, triples: Sequence[Triple]) -> ChatChoiceLogProbs:
+def chat_logprobs(
+    tok: Tokenizer, triples: Sequence[Triple], as_ids: bool = False
+) -> ChatChoiceLogProbs:
     content = []
     for token_id, logprob, top in triples:
-        text = token_text(tok, token_id)
+        text = token_text(tok, token_id, as_ids)
         content.append(
             ChatLogProbsContent(
                 token=text,
@@ -74,9 +80,9 @@ def chat_logprobs(tok: Tokenizer, triples: Sequence[Triple]) -> ChatChoiceLogPro
                 bytes=list(text.encode("utf-8")),
                 top_logprobs=[
                     ChatLogProb(
-                        token=token_text(tok, t),
+                        token=token_text(tok, t, as_ids),
                         logprob=lp,
-                        bytes=list(token_text(tok, t).encode("utf-8")),
+                        bytes=list(token_text(tok, t, as_ids).encode("utf-8")),
                     )
                     for t, lp in top
                 ],

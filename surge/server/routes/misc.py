@@ -6,13 +6,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from surge.server.errors import BadRequestError, NotFoundError
-from surge.server.protocol import DetokenizeRequest, TokenizeRequest
 from surge.server.protocol_responses import (
     DetokenizeResponse,
     ModelCard,
     ModelList,
     TokenizeResponse,
 )
+from surge.server.protocol_tokenize import DetokenizeRequest, TokenizeRequest
 from surge.server.state import ServerState, get_state
 
 router = APIRouter()
