@@ -52,6 +52,7 @@ from surge.gateway.upstreams import (
     watch_upstreams_file,
 )
 from surge.observability.tracing import Tracing, extract
+from surge.request_id import REQUEST_ID_HEADER, RequestIdMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
                   openapi_url=None)  # fmt: skip
     app.state.gateway = state
     install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)  # the id goes upstream and back to the client
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
@@ -350,7 +352,10 @@ async def _admit_and_forward(
         preq = ProxyRequest(
             method=request.method,
             path=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
-            headers=forward_headers(request.headers, tracing=state.tracing.enabled),
+            headers={
+                **forward_headers(request.headers, tracing=state.tracing.enabled),
+                REQUEST_ID_HEADER: request.state.request_id,  # the client's, or one made here
+            },
             body=body,
             key=key,
             stream=bool(parsed and parsed.get("stream") is True),

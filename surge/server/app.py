@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from surge.request_id import RequestIdMiddleware
 from surge.server.errors import install_error_handlers
 from surge.server.middleware import (
     ApiKeyMiddleware,
@@ -39,5 +40,6 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.config.max_body_bytes)
     if state.config.api_keys:
         app.add_middleware(ApiKeyMiddleware, api_keys=set(state.config.api_keys))
-    app.add_middleware(ArrivalTimeMiddleware)  # outermost: stamps the arrival time first
+    app.add_middleware(ArrivalTimeMiddleware)  # stamps the arrival time first
+    app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries the id
     return app

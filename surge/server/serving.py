@@ -183,7 +183,8 @@ def start_job(
     key = f"tenant:{tenant}" if tenant else client_key(request)
     reserve = (params.max_tokens or 0) * params.n * len(prompts)
     ticket = state.admit(key, sum(len(p) for p in prompts), reserve, tenant=tenant)
-    rid = request_id or uuid.uuid4().hex
+    # The body's request_id, else the X-Request-Id header's (or the one made for it).
+    rid = request_id or getattr(request.state, "request_id", None) or uuid.uuid4().hex
     job = Job(
         state=state,
         req_id=f"{rid}-{uuid.uuid4().hex[:8]}",  # unique even if a client reuses its id

@@ -249,3 +249,24 @@ async def test_a_client_deadline_is_kept_and_passed_on_as_the_time_left() -> Non
         r = await client.post("/v1/completions", json={"prompt": "hi"},
                               headers={"x-surge-timeout": "0.5"})  # fmt: skip
         assert r.status_code == 504 and time.monotonic() - t0 < 3
+
+
+async def test_one_request_id_from_the_client_to_the_upstream_and_back() -> None:
+    """X-Request-Id: the client's id goes to the upstream and comes back, on errors too; a
+    request without one gets one made at the gateway, sent upstream as well."""
+    good = Script("a")
+    async with fleet(good) as (client, _):
+        r = await client.post(
+            "/v1/completions", json={"prompt": "hi"}, headers={"X-Request-Id": "trace-42"}
+        )
+        assert r.status_code == 200 and r.headers["x-request-id"] == "trace-42"
+        assert good.last_headers is not None and good.last_headers["x-request-id"] == "trace-42"
+        r = await complete(client)
+        made = r.headers["x-request-id"]
+        assert len(made) == 32 and good.last_headers["x-request-id"] == made
+        headers = {"x-request-id": "e-1", "x-surge-timeout": "soon"}
+        bad = await client.post("/v1/completions", json={"prompt": "hi"}, headers=headers)
+        assert bad.status_code == 400 and bad.headers["x-request-id"] == "e-1"  # the gateway's
+        odd = await client.post("/v1/completions", json={"prompt": "hi"},
+                                headers={"x-request-id": "x" * 200})  # fmt: skip
+        assert len(odd.headers["x-request-id"]) == 32  # too long: replaced, not passed on

@@ -168,3 +168,16 @@ def test_metrics_use_vllm_names(tiny_server: ServerProcess, client: openai.OpenA
     assert tiny_server.metric("vllm:kv_cache_usage_perc") == 0.0
     assert tiny_server.metric("vllm:engine_healthy") == 1.0
     assert tiny_server.metric("vllm:iteration_tokens_total_count") > 1  # every step, not the last
+
+
+def test_each_answer_carries_the_request_id(tiny_server: ServerProcess) -> None:
+    """X-Request-Id comes back as sent (errors too), or made when none was sent."""
+    url = tiny_server.url
+    body = {"model": "test-model", "prompt": "Hi", "max_tokens": 2}
+    r = httpx.post(url + "/v1/completions", json=body, headers={"X-Request-Id": "abc-1"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "abc-1"
+    bad = httpx.post(url + "/v1/completions", json={**body, "max_tokens": -1},
+                     headers={"x-request-id": "abc-2"})  # fmt: skip
+    assert bad.status_code == 400 and bad.headers["x-request-id"] == "abc-2"
+    made = httpx.get(url + "/v1/models").headers["x-request-id"]
+    assert len(made) == 32 and made != httpx.get(url + "/v1/models").headers["x-request-id"]
