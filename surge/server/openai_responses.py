@@ -36,6 +36,7 @@ class ResponsesRequest(BaseModel):
     tool_choice: StrictStr | dict[str, Any] | None = None
     parallel_tool_calls: StrictBool = True
     text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None  # {"effort": ...}: the chat's reasoning_effort
     metadata: dict[str, StrictStr] | None = None
     user: StrictStr | None = None
     previous_response_id: StrictStr | None = None
@@ -75,6 +76,8 @@ class ResponsesRequest(BaseModel):
             fields["tools"] = [_chat_tool(t) for t in self.tools]
         if self.tool_choice is not None:
             fields["tool_choice"] = _chat_tool_choice(self.tool_choice)
+        if self.reasoning is not None and isinstance(effort := self.reasoning.get("effort"), str):
+            fields["reasoning_effort"] = effort
         if self.text is not None and (fmt := self.text.get("format")) is not None:
             fields["response_format"] = _response_format(fmt)
         return fields

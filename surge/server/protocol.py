@@ -357,6 +357,7 @@ class ChatCompletionRequest(_SamplingRequest):
     # vLLM: the last (assistant) message is left open and the model writes on from its end.
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: StrictStr | None = None  # OpenAI's; the template reads it (gpt-oss)
 
     _NULL_IS_DEFAULT: ClassVar[frozenset[str]] = _SamplingRequest._NULL_IS_DEFAULT | {"logprobs"}
 

@@ -28,6 +28,7 @@ class TokenizeRequest(_Model):
     continue_final_message: StrictBool = False
     add_special_tokens: StrictBool | None = None  # None: True for prompt, False for messages
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: StrictStr | None = None
     tools: list[ToolSpec] | None = None
 
     @model_validator(mode="after")

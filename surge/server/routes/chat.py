@@ -46,6 +46,8 @@ def render_text(state: ServerState, body: ChatCompletionRequest | TokenizeReques
     after the last message's text so that the model writes on from there."""
     tok = state.tokenizer
     kwargs = dict(body.chat_template_kwargs or {})
+    if body.reasoning_effort is not None:  # as vLLM: a variable of the template's
+        kwargs.setdefault("reasoning_effort", body.reasoning_effort)
     messages, tools = body.template_messages(), body.template_tools()
     if state.tool_parser is not None and not state.template_renders_tools:
         # The template knows no tools: the parser's syntax carries them (tool_parsers/prompt.py).
