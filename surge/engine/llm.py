@@ -20,6 +20,8 @@ from surge.engine.config import (
 from surge.engine.core import EngineCore
 from surge.engine.output_processor import OutputProcessor
 from surge.engine.request import TokenLogprob
+from surge.models.generation_config import read_model_defaults
+from surge.models.resolve import resolve_model
 from surge.models.weights import ModelFiles
 from surge.sampling_params import SamplingParams
 
@@ -65,8 +67,16 @@ class LLM:
             config = _config_from_kwargs(model, overrides)
         self.engine = EngineCore(config, files)
         self.tokenizer = self.engine.tokenizer
+        path = files.path if files is not None else resolve_model(config.model.model)
+        self._sampling_defaults = read_model_defaults(path)
         self._processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with what the model's files recommend (generation_config.json, a
+        GGUF's general.sampling.*; vLLM's): what generate() takes when given none."""
+        fields: dict[str, Any] = dict(self._sampling_defaults)
+        return SamplingParams(**fields)
 
     def generate(
         self,
@@ -79,7 +89,7 @@ class LLM:
         `lora_name`: a loaded adapter for every prompt, or one per prompt (None: the base)."""
         prompt_list = _as_prompt_list(prompts)
         if params is None:
-            params = SamplingParams()
+            params = self.get_default_sampling_params()
         param_list = (
             [params] * len(prompt_list) if isinstance(params, SamplingParams) else list(params)
         )

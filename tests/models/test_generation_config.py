@@ -48,3 +48,22 @@ def test_a_ggufs_sampling_keys(tmp_path: Path) -> None:
     assert found == {"temperature": pytest.approx(0.7), "top_k": 40,
                      "repetition_penalty": pytest.approx(1.1)}  # fmt: skip
     assert isinstance(found["top_k"], int)
+
+
+def test_offline_generate_takes_the_models_defaults(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """LLM.generate with no SamplingParams samples as the model's files recommend (vLLM's
+    get_default_sampling_params): top_k 1 is greedy, max_new_tokens the length."""
+    import shutil
+
+    from surge import LLM, SamplingParams
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "generation_config.json").write_text('{"top_k": 1, "max_new_tokens": 5}')
+    llm = LLM(str(folder), dtype="float32", num_blocks=32)
+    defaults = llm.get_default_sampling_params()
+    assert defaults.top_k == 1 and defaults.max_tokens == 5 and defaults.temperature == 1.0
+    [out] = llm.generate(["Hello there"], use_tqdm=False)
+    greedy = SamplingParams(temperature=0.0, max_tokens=5)
+    [ref] = llm.generate(["Hello there"], greedy, use_tqdm=False)
+    assert out.outputs[0].token_ids == ref.outputs[0].token_ids
