@@ -53,6 +53,7 @@ from surge.gateway.upstreams import (
 )
 from surge.observability.tracing import Tracing, extract
 from surge.request_id import REQUEST_ID_HEADER, RequestIdMiddleware
+from surge.unicode_check import body_has_lone_surrogate
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +262,8 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
         parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None
+    if body_has_lone_surrogate(body, parsed):
+        return None  # no text to route by (the upstream refuses it with a 400)
     return parsed if isinstance(parsed, dict) else None
 
 

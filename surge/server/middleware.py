@@ -13,10 +13,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from surge.server.errors import (
     AuthenticationError,
+    BadRequestError,
     PayloadTooLargeError,
     SurgeHTTPError,
     error_response,
 )
+from surge.unicode_check import body_has_lone_surrogate
 
 DEFAULT_EXEMPT_PATHS = frozenset({"/health", "/metrics", "/version"})
 
@@ -36,9 +38,25 @@ class _BodyTooLarge(Exception):
     pass
 
 
+class _BadBody(Exception):
+    def __init__(self, error: SurgeHTTPError) -> None:
+        self.error = error
+
+
+def _check_unicode(body: bytes) -> None:
+    """400 for a JSON body whose strings hold a lone surrogate escape ("\ud800"): valid JSON,
+    but no text (a tokenizer, or the UTF-8 of an answer echoing it, fails on it later)."""
+    if body_has_lone_surrogate(body):
+        raise _BadBody(BadRequestError(
+            "the request body holds a lone UTF-16 surrogate escape (such as \\ud800) in a "
+            "string: not a character; send text as valid Unicode", code="invalid_unicode",
+        ))  # fmt: skip
+
+
 class BodySizeLimitMiddleware:
     """413 for request bodies over `max_bytes`: by Content-Length before reading, or by counting
-    streamed chunks (chunked uploads, or a Content-Length that lies)."""
+    streamed chunks (chunked uploads, or a Content-Length that lies). And 400 for a JSON body
+    with a lone UTF-16 surrogate in a string, before any route reads it."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         if max_bytes < 1:
@@ -60,18 +78,29 @@ class BodySizeLimitMiddleware:
 
         received = 0
         exceeded = False
+        refused: SurgeHTTPError | None = None
         response_started = False
+        chunks: list[bytes] = []
 
         async def limited_receive() -> Message:
-            nonlocal received, exceeded
+            nonlocal received, exceeded, refused
             if exceeded:
                 raise _BodyTooLarge
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                chunk = message.get("body", b"")
+                received += len(chunk)
                 if received > self.max_bytes:
                     exceeded = True
                     raise _BodyTooLarge
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    try:
+                        _check_unicode(b"".join(chunks))
+                    except _BadBody as e:
+                        refused, exceeded = e.error, True
+                        raise
+                    chunks.clear()
             return message
 
         async def guarded_send(message: Message) -> None:
@@ -91,7 +120,7 @@ class BodySizeLimitMiddleware:
             if not exceeded or response_started:
                 raise
         if exceeded and not response_started:
-            await _send_error(self._error(), scope, receive, send)
+            await _send_error(refused or self._error(), scope, receive, send)
 
 
 class ApiKeyMiddleware:

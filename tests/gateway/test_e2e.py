@@ -220,6 +220,11 @@ def test_4xx_from_upstreams_does_not_trip_their_breakers(fleet: Fleet) -> None:
                        json={"prompt": "x", "max_tokens": "lots"}, timeout=30)  # fmt: skip
         assert r.status_code == 400
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    # A lone UTF-16 surrogate (valid JSON, no text): the upstream's 400, nothing routed on it.
+    for raw in (b'{"model": "\\ud800", "prompt": "x"}', b'{"prompt": "\\udc00 x"}'):
+        r = httpx.post(fleet.prefix.url + "/v1/completions", content=raw, timeout=30,
+                       headers={"content-type": "application/json"})  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_unicode"
     metrics = fleet.prefix.metrics()
     assert set(gauge(metrics, "surge_gateway_breaker_state").values()) == {0.0}
     assert set(gauge(metrics, "surge_gateway_upstream_healthy").values()) == {1.0}

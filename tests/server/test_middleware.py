@@ -75,6 +75,25 @@ async def test_body_under_limit_passes() -> None:
     assert resp.status_code == 200 and resp.json() == {"prompt": "hi"}
 
 
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (rb'{"prompt": "\ud800 x"}', 400),  # a lone high surrogate: no character
+        (rb'{"prompt": ["ok", "\uDC00"]}', 400),  # a lone low one, in a list
+        (rb'{"prompt": "\ud83d\ude00"}', 200),  # a pair: one emoji, fine
+        (rb'{"prompt": "\\ud800"}', 200),  # an escaped backslash, then text
+    ],
+)
+async def test_a_lone_surrogate_is_refused_before_the_route(body: bytes, status: int) -> None:
+    app = make_app(max_bytes=LIMIT)
+    async with client_for(app) as c:
+        resp = await c.post("/v1/completions", content=chunks(body[:9], body[9:]),
+                            headers={"content-type": "application/json"})  # fmt: skip
+    assert resp.status_code == status
+    if status == 400:
+        assert resp.json()["error"]["code"] == "invalid_unicode" and app.state.calls == 0
+
+
 async def test_body_over_limit_by_content_length() -> None:
     app = make_app(max_bytes=LIMIT)
     async with client_for(app) as c:
