@@ -25,6 +25,7 @@ from surge.observability.embedding_metrics import EmbeddingMetrics
 from surge.observability.metrics import ServerMetrics
 from surge.observability.resources import ResourceMonitor
 from surge.observability.tracing import Tracing
+from surge.sampling_params import SamplingParams
 from surge.server.app import build_app
 from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
@@ -98,8 +99,9 @@ def _sampling_defaults(config: ServerConfig, model_path: Path) -> dict[str, floa
         found = sampling_defaults(
             model_path, config.generation_config, config.override_generation_config
         )
+        SamplingParams(**found)  # type: ignore[arg-type]  # out of range: refused at start
     except ValueError as e:
-        raise SystemExit(str(e)) from None
+        raise SystemExit(f"generation config: {e}") from None
     if found:
         log.info("defaults for the sampling fields a request leaves out (--generation-config "
                  "vllm to ignore the model's): %s", found)  # fmt: skip
@@ -109,6 +111,7 @@ def _sampling_defaults(config: ServerConfig, model_path: Path) -> dict[str, floa
 async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int:
     """Run until drained or the engine dies; returns the process exit code."""
     path = resolve_model(engine_config.model.model)
+    defaults = _sampling_defaults(server_config, path)  # a bad one stops us before the engine
     tokenizer = open_model(path).tokenizer
     if server_config.chat_template is not None:
         tokenizer.chat_template = server_config.chat_template
@@ -127,7 +130,7 @@ async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int
     embeddings = _load_embeddings(server_config, metrics)
     tracing = Tracing.start(server_config.tracing)
     state = ServerState.create(server_config, client, metrics, embeddings, tracing)
-    state.sampling_defaults = _sampling_defaults(server_config, path)
+    state.sampling_defaults = defaults
     if state.tool_parser is not None:
         log.info(
             'tool_choice "auto": %s tool calls, %s', state.tool_parser.name,
