@@ -42,7 +42,9 @@ class ServerProcess:
     def __init__(self, model: Path | str, *args: str, startup_timeout_s: float = 180.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"surge-test-{self.port}.log"
+        # Named apart from later processes given the same port (their logs would overwrite).
+        tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+        self.log_path = tmp / f"surge-test-{self.port}-{time.time_ns()}.log"
         self._log = self.log_path.open("wb")
         cmd = [
             sys.executable, "-m", "surge.cli", "serve", "--model", str(model),

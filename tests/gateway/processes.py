@@ -18,7 +18,9 @@ class GatewayProcess:
     def __init__(self, *args: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"surge-gateway-{self.port}.log"
+        # Named apart from later processes given the same port (their logs would overwrite).
+        tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+        self.log_path = tmp / f"surge-gateway-{self.port}-{time.time_ns()}.log"
         self._log = self.log_path.open("wb")
         cmd = [sys.executable, "-m", "surge.cli", "gateway", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
