@@ -38,19 +38,15 @@ class _BodyTooLarge(Exception):
     pass
 
 
-class _BadBody(Exception):
-    def __init__(self, error: SurgeHTTPError) -> None:
-        self.error = error
-
-
-def _check_unicode(body: bytes) -> None:
-    """400 for a JSON body whose strings hold a lone surrogate escape ("\ud800"): valid JSON,
+def _unicode_refusal(body: bytes) -> SurgeHTTPError | None:
+    """A 400 for a JSON body whose strings hold a lone surrogate escape ("\ud800"): valid JSON,
     but no text (a tokenizer, or the UTF-8 of an answer echoing it, fails on it later)."""
-    if body_has_lone_surrogate(body):
-        raise _BadBody(BadRequestError(
-            "the request body holds a lone UTF-16 surrogate escape (such as \\ud800) in a "
-            "string: not a character; send text as valid Unicode", code="invalid_unicode",
-        ))  # fmt: skip
+    if not body_has_lone_surrogate(body):
+        return None
+    return BadRequestError(
+        "the request body holds a lone UTF-16 surrogate escape (such as \\ud800) in a "
+        "string: not a character; send text as valid Unicode", code="invalid_unicode",
+    )  # fmt: skip
 
 
 class BodySizeLimitMiddleware:
@@ -95,12 +91,11 @@ class BodySizeLimitMiddleware:
                     raise _BodyTooLarge
                 chunks.append(chunk)
                 if not message.get("more_body", False):
-                    try:
-                        _check_unicode(b"".join(chunks))
-                    except _BadBody as e:
-                        refused, exceeded = e.error, True
-                        raise
+                    refused = _unicode_refusal(b"".join(chunks))
                     chunks.clear()
+                    if refused is not None:
+                        exceeded = True  # refused like an oversized body: the app never sees it
+                        raise _BodyTooLarge
             return message
 
         async def guarded_send(message: Message) -> None:

@@ -205,6 +205,21 @@ def start_job(
     return job
 
 
+class StreamedTokenIds:
+    """return_token_ids in a stream: each choice's new token ids wait for the next chunk of
+    that choice to take them (a token may add no text yet, and so send no chunk of its own)."""
+
+    def __init__(self, num_choices: int) -> None:
+        self._pending: list[list[int]] = [[] for _ in range(num_choices)]
+
+    def add(self, i: int, token_ids: list[int]) -> None:
+        self._pending[i] += token_ids
+
+    def take(self, i: int) -> list[int] | None:
+        ids, self._pending[i] = self._pending[i], []
+        return ids or None
+
+
 def delta_triples(d: SequenceDelta) -> list[tuple[int, float, tuple[tuple[int, float], ...]]]:
     """(token, logprob, top alternatives) for each token of a delta that carries logprobs."""
     assert d.logprobs is not None

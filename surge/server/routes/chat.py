@@ -27,6 +27,7 @@ from surge.server.reasoning import ReasoningParser, ReasoningStream
 from surge.server.routes.logprobs import chat_logprobs, prompt_logprobs_field
 from surge.server.serving import (
     Job,
+    StreamedTokenIds,
     delta_triples,
     run_to_completion,
     start_job,
@@ -193,14 +194,10 @@ def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
     include_usage = body.include_usage
     tok, as_ids = job.state.tokenizer, body.return_tokens_as_token_ids
     want_logprobs = job.params.logprobs is not None
-    # return_token_ids: each choice's tokens ride on its next chunk (a token may add no text).
-    pending: list[list[int]] | None = [[] for _ in job.choices] if body.return_token_ids else None
+    ids = StreamedTokenIds(len(job.choices)) if body.return_token_ids else None
 
     def take(i: int) -> list[int] | None:
-        if pending is None:
-            return None
-        ids, pending[i] = pending[i], []
-        return ids or None
+        return None if ids is None else ids.take(i)
 
     # A named function's arguments stream as they come; a "required" list is sent whole at the
     # end, when it parses.
@@ -231,8 +228,8 @@ def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
     def render(deltas: list[tuple[int, SequenceDelta]]) -> list[str]:
         out = []
         for i, d in deltas:
-            if pending is not None:
-                pending[i] += d.token_ids
+            if ids is not None:
+                ids.add(i, d.token_ids)
             logprobs = None
             if want_logprobs and d.logprobs is not None:
                 triples = delta_triples(d)

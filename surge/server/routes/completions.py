@@ -23,6 +23,7 @@ from surge.server.routes.logprobs import (
 )
 from surge.server.serving import (
     Job,
+    StreamedTokenIds,
     delta_triples,
     run_to_completion,
     start_job,
@@ -95,16 +96,15 @@ def _stream(
     tok, as_ids = job.state.tokenizer, body.return_tokens_as_token_ids
     n = job.params.n
     want_logprobs = job.params.logprobs is not None
-    # return_token_ids: a choice's prompt on its first chunk, its tokens on the next one sent
-    # (a token may add no text yet).
-    unsent_prompt = [body.return_token_ids] * len(job.choices)
-    pending: list[list[int]] = [[] for _ in job.choices]
+    # return_token_ids: a choice's prompt on its first chunk, its tokens as they go out.
+    ids = StreamedTokenIds(len(job.choices)) if body.return_token_ids else None
+    unsent_prompt = [True] * len(job.choices)
 
     def choice(i: int, text: str, **fields: Any) -> CompletionChoice:
-        if body.return_token_ids:
+        if ids is not None:
             fields["prompt_token_ids"] = prompts[i // n] if unsent_prompt[i] else None
-            unsent_prompt[i], (ids, pending[i]) = False, (pending[i], [])
-            fields["token_ids"] = ids or None
+            unsent_prompt[i] = False
+            fields["token_ids"] = ids.take(i)
         return CompletionChoice(index=i, text=text, **fields)
 
     def chunk(choices: list[CompletionChoice]) -> str:
@@ -119,7 +119,8 @@ def _stream(
     def render(deltas: list[tuple[int, SequenceDelta]]) -> list[str]:
         choices = []
         for i, d in deltas:
-            pending[i] += d.token_ids
+            if ids is not None:
+                ids.add(i, d.token_ids)
             logprobs = None
             if want_logprobs and d.logprobs is not None:
                 triples = delta_triples(d)
