@@ -61,7 +61,7 @@ def fair_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
 async def test_urgent_request_jumps_the_queue_and_preempts(priority_server: ServerProcess) -> None:
     url = priority_server.url + COMP
     async with httpx.AsyncClient(timeout=120) as client:
-        running = asyncio.create_task(timed_post(client, url, body(300, priority=5)))
+        running = asyncio.create_task(timed_post(client, url, body(1000, priority=5)))
         await wait_for(priority_server, "vllm:num_requests_running", 1)
         queued = [
             asyncio.create_task(timed_post(client, url, body(40, priority=5))) for _ in range(3)
@@ -77,7 +77,7 @@ async def test_urgent_request_jumps_the_queue_and_preempts(priority_server: Serv
     # It finished before any queued low-priority request, and before the running one, which
     # it preempted; that one still completes every token.
     assert all(urgent_done < done for done, _ in results)
-    assert results[0][1].json()["usage"]["completion_tokens"] == 300
+    assert results[0][1].json()["usage"]["completion_tokens"] == 1000
     assert priority_server.metric("vllm:num_preemptions_total") >= 1
 
 
@@ -93,10 +93,12 @@ async def test_fair_share_serves_a_light_tenant_before_the_flood(
     url = fair_server.url + COMP
     heavy = {"x-surge-tenant": "heavy"}
     async with httpx.AsyncClient(timeout=120) as client:
-        flood = [asyncio.create_task(timed_post(client, url, body(150), headers=heavy))]
+        # The first holds the one slot long enough, on a fast machine too, for 4 more to queue
+        # behind it; their length does not matter to the order.
+        flood = [asyncio.create_task(timed_post(client, url, body(1000), headers=heavy))]
         await wait_for(fair_server, "vllm:num_requests_running", 1)
         flood += [
-            asyncio.create_task(timed_post(client, url, body(150), headers=heavy)) for _ in range(4)
+            asyncio.create_task(timed_post(client, url, body(40), headers=heavy)) for _ in range(4)
         ]
         await wait_for(fair_server, "vllm:num_requests_waiting", 4)
         # The per-tenant bound (4 queued) refuses heavy's next request...
