@@ -6,6 +6,9 @@ in one process so that a drifting machine moves both alike.
     python benchmarks/bench_mixed_steps.py --long 2048 [--rounds 2]   # one prompt, 512-token chunks
     python benchmarks/bench_mixed_steps.py --steady 64 --chunk 32 --output 128 [--seconds 20]
 
+--max-chunk N: the longest chunk the stack takes on the "new" side (default: its own limit), to
+measure a limit before changing it.
+
 Needs a CPU with the kernels (AVX2 or AVX-512 VNNI): --quantization q4's fused stack.
 """
 
@@ -24,7 +27,7 @@ TEXT = "Large language models are served to many users at once by batching reque
 ONE = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 
 
-def mixed_steps(llm: LLM, decodes: int, chunk: int, rounds: int) -> None:
+def mixed_steps(llm: LLM, decodes: int, chunk: int, rounds: int, max_chunk: int | None) -> None:
     eng = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
     for i in range(decodes):
@@ -36,7 +39,7 @@ def mixed_steps(llm: LLM, decodes: int, chunk: int, rounds: int) -> None:
         eng.step()
     res: dict[str, list[float]] = {"old": [], "new": []}
     k = 0
-    for _, name in _alternating(eng, rounds):
+    for _, name in _alternating(eng, rounds, max_chunk):
         times = []
         for _ in range(4):
             eng.step()  # a pure decode step between mixed ones
@@ -51,10 +54,10 @@ def mixed_steps(llm: LLM, decodes: int, chunk: int, rounds: int) -> None:
     )
 
 
-def long_prompt(llm: LLM, length: int, rounds: int) -> None:
+def long_prompt(llm: LLM, length: int, rounds: int, max_chunk: int | None) -> None:
     eng = llm.engine
     res: dict[str, list[list[float]]] = {"old": [], "new": []}
-    for rnd, name in _alternating(eng, rounds):
+    for rnd, name in _alternating(eng, rounds, max_chunk):
         eng.add_request(EngineCoreRequest(f"{name}{rnd}", _prompt(llm, rnd, length), ONE))
         times = []
         while eng.has_work():
@@ -67,7 +70,10 @@ def long_prompt(llm: LLM, length: int, rounds: int) -> None:
         print(f"{name}: ms per chunk step {_r(per_chunk)}, total {sum(per_chunk):.0f}")
 
 
-def steady(llm: LLM, streams: int, prompt: int, output: int, seconds: float, rounds: int) -> None:
+def steady(
+    llm: LLM, streams: int, prompt: int, output: int, seconds: float, rounds: int,
+    max_chunk: int | None,
+) -> None:  # fmt: skip
     """`streams` requests always in flight, each `prompt` tokens in and `output` out, a new one
     added as each finishes (their ends staggered from the start): the steady state of a busy
     server, where a step often carries a new prompt. Output tok/s per round."""
@@ -83,7 +89,7 @@ def steady(llm: LLM, streams: int, prompt: int, output: int, seconds: float, rou
     for i in range(streams):  # staggered: one finishes every output / streams steps
         add(1 + (i * output) // streams)
     res: dict[str, list[float]] = {"old": [], "new": []}
-    for rnd, name in _alternating(eng, rounds + 1):
+    for rnd, name in _alternating(eng, rounds + 1, max_chunk):
         tokens = 0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
@@ -97,9 +103,10 @@ def steady(llm: LLM, streams: int, prompt: int, output: int, seconds: float, rou
     _summary(res, "output tok/s", "", label, lower=False)
 
 
-def _alternating(eng: EngineCore, rounds: int) -> Iterator[tuple[int, str]]:
+def _alternating(eng: EngineCore, rounds: int, max_chunk: int | None) -> Iterator[tuple[int, str]]:
     """(round, "old" | "new") in alternating order, the stack's chunk limit set for each: 0
-    (chunks leave the step to the layer-by-layer path) or its own; restored after."""
+    (chunks leave the step to the layer-by-layer path) or `max_chunk` (default: its own);
+    restored after."""
     stack = eng.runner.fused
     if stack is None:
         raise SystemExit("no fused 4-bit stack here (needs q4 and the CPU kernels)")
@@ -107,7 +114,7 @@ def _alternating(eng: EngineCore, rounds: int) -> Iterator[tuple[int, str]]:
     try:
         for rnd in range(rounds):
             for name in ("old", "new") if rnd % 2 == 0 else ("new", "old"):
-                stack.max_chunk = 0 if name == "old" else own
+                stack.max_chunk = 0 if name == "old" else (max_chunk or own)
                 yield rnd, name
     finally:
         stack.max_chunk = own
@@ -141,6 +148,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="--steady: per round")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--max-chunk", type=int, default=None, help="the new side's chunk limit")
     args = ap.parse_args()
     budget = max(512, args.decodes + args.chunk) if not args.long else 512
     llm = LLM(
@@ -152,11 +160,11 @@ def main() -> None:
         enable_prefix_caching=not args.long,
     )
     if args.steady:
-        steady(llm, args.steady, args.chunk, args.output, args.seconds, args.rounds)
+        steady(llm, args.steady, args.chunk, args.output, args.seconds, args.rounds, args.max_chunk)
     elif args.long:
-        long_prompt(llm, args.long, args.rounds)
+        long_prompt(llm, args.long, args.rounds, args.max_chunk)
     else:
-        mixed_steps(llm, args.decodes, args.chunk, args.rounds)
+        mixed_steps(llm, args.decodes, args.chunk, args.rounds, args.max_chunk)
 
 
 if __name__ == "__main__":

@@ -37,25 +37,23 @@ log = logging.getLogger(__name__)
 Q4_MAX_ROWS = 3
 # Without int8 copies (no AVX-512 VNNI): the largest step the stack takes on the 4-bit weights.
 Q4_ONLY_MAX_ROWS = 1024
-# Prefill chunks join a step as rows of their own (ModelRunner.prepare, chunks_as_rows). On the
-# 4-bit weights alone (AVX2) the stack beat the layer-by-layer path at every chunk measured (16
-# to 511 tokens) and matched it on the last chunks of a 4096-token prompt (BENCHMARKS.md, tenth
-# pass), so any chunk that fits; with the
-# int8 copies (AVX-512 VNNI; not measured) chunks up to this many tokens, whose attention is
-# small and whose GEMMs are the same packed ones either way.
-MAX_CHUNK_WITH_INT8 = 64
+# Prefill chunks join a step as rows of their own (ModelRunner.prepare, chunks_as_rows), any
+# chunk that fits the step: the stack beat the layer-by-layer path at every chunk measured, 16
+# to 511 tokens, on the 4-bit weights alone (AVX2: 0.50-0.83x the step time) and with the int8
+# copies (AVX-512 VNNI: 63 decodes + 64 to 511 tokens 0.73-0.82x, 1 + 128 0.65x), and matched
+# or beat it on the last chunks of a 4096-token prompt (BENCHMARKS.md, tenth and fourteenth
+# passes).
 
 
 class FusedQ4Decode:
     """Calls the compiled stack on prepared decode-step tensors; build() it for a model."""
 
-    def __init__(self, model: LlamaForCausalLM, stack: Any, int8_copies: bool) -> None:
+    def __init__(self, model: LlamaForCausalLM, stack: Any) -> None:
         self.model = model
         self.stack = stack
         self.dtype = model.norm.weight.dtype
         self.max_rows: int = stack.max_rows  # the largest step it takes
-        # the longest prefill chunk it takes along with a step's other rows
-        self.max_chunk = min(MAX_CHUNK_WITH_INT8, self.max_rows) if int8_copies else self.max_rows
+        self.max_chunk = self.max_rows  # the longest prefill chunk it takes along with others
         self.has_lora = False
         self._no_slots = torch.empty(0, dtype=torch.long)
 
@@ -127,7 +125,7 @@ class FusedQ4Decode:
         except RuntimeError as e:  # a shape or dtype the stack does not take: layer by layer
             log.info("fused 4-bit decode not used: %s", e)
             return None
-        return cls(model, stack, bool(int8))
+        return cls(model, stack)
 
     def __call__(
         self, ids: Tensor, positions: Tensor, attn: AttnMetadata, row_slots: Tensor | None = None
