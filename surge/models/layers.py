@@ -136,6 +136,13 @@ class RotaryEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         self.rotary_dim = rotary_dim
+        # On the CPU even inside a meta-device build (whose tables build_rotary makes again):
+        # arithmetic on meta tensors imports torch._dynamo, a second of every engine start.
+        with torch.device("cpu"):
+            self._build(theta, scaling, max_position)
+
+    def _build(self, theta: float, scaling: RopeScaling | None, max_position: int) -> None:
+        rotary_dim = self.rotary_dim
         inv_freq, mscale = rope_inv_freq(rotary_dim, theta, scaling, max_position)
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)  # [max_position, rotary_dim // 2]

@@ -95,7 +95,14 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, spec: ModelSpec, max_position: int) -> None:
         super().__init__()
         self.spec = spec
-        self.embed_tokens: nn.Module = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        # nn.Embedding's random init (normal_) on the meta device imports torch._dynamo, a
+        # second of every engine start that nothing else needs: given its weight, it skips it.
+        weight = torch.empty(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens: nn.Module = nn.Embedding(
+            spec.vocab_size, spec.hidden_size, _weight=weight
+        )
+        if not weight.is_meta:
+            nn.init.normal_(self.embed_tokens.weight)  # the init it skipped
         self.layers = nn.ModuleList(DecoderLayer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head: nn.Module | None = (
