@@ -11,6 +11,7 @@ import torch
 
 from surge.models.gguf_file import GGUFSource
 from surge.models.spec import ModelSpec
+from surge.models.weights.gguf_blocks import dequantize_blocks
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -94,8 +95,11 @@ def layer_block_format(reader: GGUFSource) -> str | None:
 def dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:
     """Float32 copy of a GGUF tensor, shaped [rows, cols] like PyTorch (GGUF lists dims
     innermost first)."""
-    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+    fast = dequantize_blocks(tensor.data, tensor.tensor_type)
+    if fast is not None:
+        return fast.reshape(shape)
+    values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     # Copy out of the read-only memory map so torch owns writable memory.
     array = np.require(values, dtype=np.float32, requirements=["C", "W"])
     return torch.from_numpy(array).reshape(shape)
