@@ -249,15 +249,20 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from surge.engine.spawn import spawn_engine
     from surge.event_loop import run
-    from surge.server.launch import serve
 
     try:
         configs = server_config(args), engine_config(args)
     except ValueError as e:  # a bad flag value: say which, without a traceback
         print(f"surge serve: {e}", file=sys.stderr)
         return 2
-    return run(serve(*configs))
+    # The engine starts loading the model now, while this process imports the server (torch,
+    # FastAPI: about a second) and reads the tokenizer.
+    engine = spawn_engine(configs[1])
+    from surge.server.launch import serve
+
+    return run(serve(*configs, engine))
 
 
 # Subcommands with their own parsers and packages: `surge bench|gateway|autoscale ...`.

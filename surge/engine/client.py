@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import multiprocessing as mp
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -19,7 +18,6 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from surge.engine.config import EngineConfig
-from surge.engine.core_process import run_engine_core
 from surge.engine.output_processor import OutputProcessor, RequestDelta
 from surge.engine.outputs import EngineStats
 from surge.engine.protocol import (
@@ -36,14 +34,11 @@ from surge.engine.protocol import (
     ToEngine,
     UnloadLoRA,
 )
+from surge.engine.spawn import EngineDeadError, SpawnedEngine, spawn_engine
 from surge.models.tokenizer import Tokenizer
 from surge.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-    """The engine process is gone: in-flight requests cannot finish."""
 
 
 class EngineRequestError(ValueError):
@@ -98,20 +93,16 @@ class AsyncEngineClient:
     async def start(
         cls, config: EngineConfig, tokenizer: Tokenizer, startup_timeout_s: float = 600.0
     ) -> AsyncEngineClient:
-        ctx = mp.get_context("spawn")  # fork would copy torch's thread pools and locks
-        to_engine_r, to_engine_w = ctx.Pipe(duplex=False)
-        from_engine_r, from_engine_w = ctx.Pipe(duplex=False)
-        process = ctx.Process(
-            target=run_engine_core,
-            args=(config, to_engine_r, from_engine_w),
-            name="surge-engine-core",
-            daemon=True,  # never outlive the API process
-        )
-        process.start()
-        to_engine_r.close()
-        from_engine_w.close()
-        msg = await asyncio.to_thread(_wait_ready, from_engine_r, process, startup_timeout_s)
-        return cls(tokenizer, msg, process, to_engine_w, from_engine_r)
+        """Spawn the engine and wait for it."""
+        return await cls.connect(spawn_engine(config), tokenizer, startup_timeout_s)
+
+    @classmethod
+    async def connect(
+        cls, engine: SpawnedEngine, tokenizer: Tokenizer, startup_timeout_s: float = 600.0
+    ) -> AsyncEngineClient:
+        """Wait for an engine spawned earlier (spawn_engine) to be ready, and talk to it."""
+        msg = await asyncio.to_thread(engine.wait_ready, startup_timeout_s)
+        return cls(tokenizer, msg, engine.process, engine.to_engine, engine.from_engine)
 
     @property
     def pid(self) -> int | None:
@@ -295,21 +286,3 @@ class AsyncEngineClient:
         for future in self._lora_calls.values():
             if not future.done():
                 future.set_exception(EngineDeadError(reason))
-
-
-def _wait_ready(conn: Connection, process: BaseProcess, timeout_s: float) -> Ready:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if conn.poll(0.5):
-            try:
-                msg = conn.recv()
-            except EOFError:
-                break
-            if isinstance(msg, Ready):
-                return msg
-            if isinstance(msg, Fatal):
-                raise EngineDeadError(f"engine failed to start:\n{msg.message}")
-        elif not process.is_alive():
-            break
-    process.kill()
-    raise EngineDeadError(f"engine failed to start (exit code {process.exitcode})")

@@ -18,6 +18,7 @@ import uvicorn
 
 from surge.engine.client import AsyncEngineClient
 from surge.engine.config import EngineConfig
+from surge.engine.spawn import SpawnedEngine, spawn_engine
 from surge.models.generation_config import sampling_defaults
 from surge.models.resolve import resolve_model
 from surge.models.weights import open_model
@@ -108,14 +109,20 @@ def _sampling_defaults(config: ServerConfig, model_path: Path) -> dict[str, floa
     return {k: float(v) for k, v in found.items()}
 
 
-async def serve(server_config: ServerConfig, engine_config: EngineConfig) -> int:
-    """Run until drained or the engine dies; returns the process exit code."""
+async def serve(
+    server_config: ServerConfig, engine_config: EngineConfig, engine: SpawnedEngine | None = None
+) -> int:
+    """Run until drained or the engine dies; returns the process exit code. `engine`: the
+    engine process spawned already (`surge serve` starts it before importing this module)."""
     path = resolve_model(engine_config.model.model)
-    defaults = _sampling_defaults(server_config, path)  # a bad one stops us before the engine
+    defaults = _sampling_defaults(server_config, path)  # a bad one stops us (and the engine)
+    if engine is None:
+        engine = spawn_engine(engine_config)
+    # The tokenizer loads while the engine loads the weights.
     tokenizer = open_model(path).tokenizer
     if server_config.chat_template is not None:
         tokenizer.chat_template = server_config.chat_template
-    client = await AsyncEngineClient.start(engine_config, tokenizer)
+    client = await AsyncEngineClient.connect(engine, tokenizer)
     log.info(
         "engine ready (pid %s): %s, %s on %s, context %d",
         client.pid, path.name, client.info.dtype, client.info.device, client.max_model_len,
