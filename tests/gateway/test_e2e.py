@@ -303,12 +303,16 @@ def _open_stream(
 async def test_kill_9_of_one_upstream_loses_no_request(fleet: Fleet) -> None:
     """300 requests, 24 at a time, half streamed; one of three upstreams is killed -9 after 60
     have finished. Every request succeeds: those not started move to the others, and streams
-    that had started on the dead one go on elsewhere from where they stopped (never a replay)."""
-    victim = fleet.servers[2]
-    engine = psutil.Process(victim.engine_pid())
+    that had started on the dead one go on elsewhere from where they stopped (never a replay).
+
+    The victim is the upstream that holds a long JSON request when the burst starts. Which of
+    the short ones are still on it at the kill is a matter of timing: none, or only streams
+    past their first chunk (resumed, not retried), left the retry count at 0 once on a slow
+    machine. The long one is on it for certain, and must be retried elsewhere."""
     num_done = 0
     killed = asyncio.Event()
     gate = asyncio.Semaphore(24)
+    victim: ServerProcess | None = None
 
     async def one(client: httpx.AsyncClient, i: int) -> tuple[int, list[str], str]:
         nonlocal num_done
@@ -317,14 +321,22 @@ async def test_kill_9_of_one_upstream_loses_no_request(fleet: Fleet) -> None:
             r = await client.post("/v1/completions", json=body)
         num_done += 1
         if num_done == 60:
+            assert victim is not None and not held.done(), "the long request ended before the kill"
             os.kill(victim.proc.pid, signal.SIGKILL)
             killed.set()
         events = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
         return r.status_code, events, r.headers.get("x-surge-upstream", "")
 
+    long_body = {"prompt": "hold on", "max_tokens": 1500, "ignore_eos": True}
     async with httpx.AsyncClient(base_url=fleet.prefix.url, timeout=120) as client:
+        held = asyncio.create_task(client.post("/v1/completions", json=long_body))
+        victim = await _holder(fleet)
+        engine = psutil.Process(victim.engine_pid())
         results = await asyncio.gather(*(one(client, i) for i in range(300)))
+        long = await held
     assert killed.is_set()
+    assert long.status_code == 200 and long.headers["x-surge-upstream"] != victim.url
+    assert long.json()["usage"]["completion_tokens"] == 1500
     assert [code for code, _, _ in results] == [200] * 300
     for i, (_, events, _upstream) in enumerate(results):
         if i % 2:
@@ -338,3 +350,16 @@ async def test_kill_9_of_one_upstream_loses_no_request(fleet: Fleet) -> None:
     engine.wait(20)  # the dead server's engine follows it out
     health = fleet.prefix.health()
     assert health["upstreams"][victim.url]["healthy"] is False  # type: ignore[index]
+
+
+async def _holder(fleet: Fleet) -> ServerProcess:
+    """The upstream the prefix gateway has a request in flight on (it has only the one)."""
+    deadline = time.monotonic() + 30
+    while True:
+        health = await asyncio.to_thread(fleet.prefix.health)
+        ups: dict[str, dict[str, Any]] = health["upstreams"]  # type: ignore[assignment]
+        busy = [url for url, u in ups.items() if u["in_flight"]]
+        if busy:
+            return next(s for s in fleet.servers if s.url == busy[0])
+        assert time.monotonic() < deadline, health
+        await asyncio.sleep(0.02)
