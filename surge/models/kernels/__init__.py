@@ -23,16 +23,22 @@ _cache: dict[str, ModuleType | None] = {}
 KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode", "w8a8_linear", "token_mask")
 
 
-def _build_tag(sources: Path = _HERE) -> str:
-    """A short name for this CPU's instruction set and where the sources live. The kernels are
-    built with -march=native, so a build folder shared by machines of different CPUs (one home
-    over NFS, a cache copied to a new machine) must not hand one CPU's binary to another
-    (illegal instruction). And ninja records each source by its path: two installs sharing the
-    folder (a checkout and a clone of it, two venvs) rebuilt each other's kernels at every
-    switch, all five (~2 min on 2 cores)."""
+def _build_tag(sources: Path = _HERE, torch_dir: Path | None = None) -> str:
+    """A short name for this CPU's instruction set, where the sources live and which torch
+    builds them. The kernels are built with -march=native, so a build folder shared by machines
+    of different CPUs (one home over NFS, a cache copied to a new machine) must not hand one
+    CPU's binary to another (illegal instruction). And ninja records each source and torch's
+    headers by their paths: two installs sharing the folder (a checkout and a clone of it, one
+    checkout run from two venvs) rebuilt each other's kernels at every switch, all of them (~2
+    min on 2 cores)."""
+    import torch
+
     from surge.models.device import cpu_flags
 
-    key = " ".join([platform.machine(), *sorted(cpu_flags()), str(sources.resolve())])
+    torch_dir = torch_dir or Path(torch.__file__).parent  # as the build sees it: not resolved
+    key = " ".join(
+        [platform.machine(), *sorted(cpu_flags()), str(sources.resolve()), str(torch_dir)]
+    )
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
