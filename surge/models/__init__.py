@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from surge.models.llama import LlamaForCausalLM
 from surge.models.quant import QUANTIZATIONS, quantize_model
@@ -30,7 +30,7 @@ def build_model(
         raise ValueError(f"unsupported architecture {spec.architecture!r}")
     with torch.device("meta"):
         model = LlamaForCausalLM(spec, max_position)
-    model.to_empty(device=device)
+    _materialize(model, device)
     model.load_weights(weights)
     if quantization == "none":
         model.to(dtype)
@@ -43,6 +43,23 @@ def build_model(
     # Built after the cast: the cos/sin tables stay float32 (init on meta left them empty anyway).
     model.build_rotary(max_position, device)
     return model.eval().requires_grad_(False)
+
+
+def _materialize(model: nn.Module, device: torch.device) -> None:
+    """`model.to_empty(device=device)` without its empty_like of meta tensors, which runs
+    through torch._refs and imports torch.fx's symbolic shapes: a third of a second of every
+    engine start. Parameters stay parameters; one shared by two modules stays shared."""
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                if id(p) not in made:
+                    empty = torch.empty(p.shape, dtype=p.dtype, device=device)
+                    made[id(p)] = nn.Parameter(empty, requires_grad=p.requires_grad)
+                module._parameters[name] = made[id(p)]
+        for name, b in module._buffers.items():
+            if b is not None:
+                module._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device=device)
 
 
 __all__ = ["QUANTIZATIONS", "SUPPORTED_ARCHITECTURES", "LlamaForCausalLM", "build_model"]
