@@ -20,6 +20,7 @@ from multiprocessing.process import BaseProcess
 from surge.engine.config import EngineConfig
 from surge.engine.output_processor import OutputProcessor, RequestDelta
 from surge.engine.outputs import EngineStats
+from surge.engine.pipe_reader import PipeReader
 from surge.engine.protocol import (
     Abort,
     AddRequests,
@@ -86,6 +87,7 @@ class AsyncEngineClient:
         self.lora_adapters: dict[str, str] = dict(info.lora_adapters)
         self._lora_calls: dict[int, asyncio.Future[LoRAResult]] = {}
         self._call_ids = itertools.count(1)
+        self._reader = PipeReader(from_engine.fileno())
         self._loop.add_reader(from_engine.fileno(), self._on_readable)
 
     # ---- start and stop --------------------------------------------------------------------
@@ -230,14 +232,19 @@ class AsyncEngineClient:
             self._mark_dead(f"engine pipe closed: {e}")
 
     def _on_readable(self) -> None:
-        """One engine message (each arrives with one write; the loop calls again while more
-        are waiting: Connection.poll would build a selector per call)."""
+        """Every engine message complete so far (one bigger than the pipe's buffer may take
+        several events: PipeReader keeps the part that has arrived)."""
         try:
-            msg: FromEngine = self._from_engine.recv()
+            messages, closed = self._reader.read()
+        except OSError:
+            messages, closed = [], True
+        for msg in messages:
             if isinstance(msg, Fatal):
                 self._stop_reading()
+                self._dispatch(msg)
+                return
             self._dispatch(msg)
-        except (EOFError, OSError):
+        if closed:
             self._stop_reading()
             self._mark_dead(f"engine process exited (code {self._process.exitcode})")
 

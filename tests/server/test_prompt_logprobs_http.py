@@ -65,3 +65,20 @@ def test_vllm_prompt_logprobs_in_completions_and_chat(tiny_server: ServerProcess
         client.completions.create(model="test-model", prompt=TEXT, max_tokens=1, echo=True,
                                   logprobs=1, stream=True)  # fmt: skip
     assert err.value.body["param"] == "echo"  # type: ignore[index]
+
+
+def test_a_long_prompts_logprobs_come_back_whole(tiny_server: ServerProcess) -> None:
+    """The scores of a ~1,900-token prompt, 5 alternatives each, for 2 choices: an engine
+    message of hundreds of KiB, written into the pipe in parts. The API process read it as one
+    blocking read on a non-blocking fd, took the EAGAIN halfway for the engine's death, and
+    exited (found by fuzzing)."""
+    client = _client(tiny_server)
+    prompt = " ".join(f"w{i}" for i in range(470))
+    for _ in range(3):
+        resp = client.completions.create(
+            model="test-model", prompt=prompt, max_tokens=2, n=2, echo=True, logprobs=5
+        )
+        assert [len(c.logprobs.tokens or []) for c in resp.choices] == [  # type: ignore[union-attr]
+            resp.usage.prompt_tokens + 2  # type: ignore[union-attr]
+        ] * 2
+    assert tiny_server.metric("vllm:num_requests_running") == 0  # and the server is still up
