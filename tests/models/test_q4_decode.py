@@ -226,6 +226,50 @@ def test_a_prefill_chunk_as_rows_matches_the_layer_by_layer_prefill(dtype: torch
 
 
 @needs_stack
+@pytest.mark.parametrize("q4_max_rows", [1024, pytest.param(Q4_MAX_ROWS, marks=needs_int8_copies)])
+def test_a_long_chunk_in_one_step_equals_it_in_pieces(q4_max_rows: int) -> None:
+    """A 150-token chunk (over 10 blocks) as the rows of one step, and the same chunk in
+    8-row pieces, each attending to the K/V the pieces before it wrote: the same outputs and
+    cache, bit for bit, on the 4-bit weights and on the int8 copies (which took chunks of at
+    most 64 tokens until they were measured faster at any length). A row that attended past
+    its own position, or missed one before it, would differ."""
+    spec = small_spec(True)
+    model = q4_model(spec, torch.float32)
+    _, whole_caches, piece_caches = random_caches(spec, torch.float32, seed=2)
+    _, _, dec = step(spec, [5], whole_caches)
+    start, n = 10, 150
+    table = torch.tensor([100, 7, 64, 3, 90, 41, 12, 77, 5, 120, 33])
+    pos = torch.arange(start, start + n)
+    slots = table[pos // BLOCK] * BLOCK + pos % BLOCK
+    ids = torch.randint(0, spec.vocab_size, (n,), generator=torch.Generator().manual_seed(3))
+
+    def run(caches: Caches, rows: slice) -> torch.Tensor:
+        fused = FusedQ4Decode.build(model, caches, q4_max_rows)
+        assert fused is not None
+        m = len(ids[rows])
+        attn = AttnMetadata(
+            **_fields(dec)
+            | {
+                "slot_mapping": slots[rows],
+                "decode_block_tables": table.expand(m, len(table)).contiguous(),
+                "decode_seq_lens": pos[rows] + 1,
+                "logits_indices": torch.arange(m),
+                "kv_caches": caches,
+            }
+        )
+        return fused(ids[rows], pos[rows], attn)
+
+    with torch.inference_mode():
+        model.compute_logits = lambda x: x  # type: ignore[method-assign]
+        whole = run(whole_caches, slice(0, n))
+        pieces = torch.cat([run(piece_caches, slice(i, i + 8)) for i in range(0, n, 8)])
+        del model.compute_logits
+    assert torch.equal(whole, pieces)
+    for (k1, v1), (k2, v2) in zip(whole_caches, piece_caches, strict=True):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+@needs_stack
 @pytest.mark.parametrize("lens", [[1], [5, 16, 17], [1, 2, 15, 16, 17, 33, 64, 100]])
 def test_stack_with_an_int8_cache_matches_layer_by_layer(lens: list[int]) -> None:
     """An int8 cache: the stack writes each row's values and scale as the layer-by-layer path
