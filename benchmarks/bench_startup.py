@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,11 +20,8 @@ from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.servers import free_port
 
 
 def time_to_healthy(tree: Path, extra: list[str], timeout_s: float = 300) -> float:

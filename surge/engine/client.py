@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from surge.engine.config import EngineConfig
 from surge.engine.output_processor import OutputProcessor, RequestDelta
 from surge.engine.outputs import EngineStats
 from surge.engine.pipe_reader import PipeReader
@@ -35,7 +34,7 @@ from surge.engine.protocol import (
     ToEngine,
     UnloadLoRA,
 )
-from surge.engine.spawn import EngineDeadError, SpawnedEngine, spawn_engine
+from surge.engine.spawn import EngineDeadError, SpawnedEngine
 from surge.models.tokenizer import Tokenizer
 from surge.sampling_params import SamplingParams
 
@@ -91,13 +90,6 @@ class AsyncEngineClient:
         self._loop.add_reader(from_engine.fileno(), self._on_readable)
 
     # ---- start and stop --------------------------------------------------------------------
-    @classmethod
-    async def start(
-        cls, config: EngineConfig, tokenizer: Tokenizer, startup_timeout_s: float = 600.0
-    ) -> AsyncEngineClient:
-        """Spawn the engine and wait for it."""
-        return await cls.connect(spawn_engine(config), tokenizer, startup_timeout_s)
-
     @classmethod
     async def connect(
         cls, engine: SpawnedEngine, tokenizer: Tokenizer, startup_timeout_s: float = 600.0
@@ -239,11 +231,10 @@ class AsyncEngineClient:
         except OSError:
             messages, closed = [], True
         for msg in messages:
-            if isinstance(msg, Fatal):
-                self._stop_reading()
-                self._dispatch(msg)
-                return
             self._dispatch(msg)
+            if isinstance(msg, Fatal):  # marked dead: nothing after it counts
+                self._stop_reading()
+                return
         if closed:
             self._stop_reading()
             self._mark_dead(f"engine process exited (code {self._process.exitcode})")

@@ -15,7 +15,9 @@ import struct
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-_CHUNK = 1 << 20
+# A Linux pipe holds 64 KiB (by default): one read returns no more, so a larger buffer would
+# only be allocated, at every read (twice a step), to go unused.
+_CHUNK = 1 << 16
 
 
 class PipeReader:
@@ -42,9 +44,7 @@ class PipeReader:
         out: list[Any] = []
         buf = self._buf
         pos = 0
-        while True:
-            if len(buf) - pos < 4:
-                break
+        while len(buf) - pos >= 4:
             (size,) = struct.unpack_from("!i", buf, pos)
             start = pos + 4
             if size == -1:
@@ -54,7 +54,7 @@ class PipeReader:
                 start += 8
             if len(buf) - start < size:
                 break
-            out.append(ForkingPickler.loads(bytes(buf[start : start + size])))
+            out.append(ForkingPickler.loads(buf[start : start + size]))  # one copy
             pos = start + size
         del buf[:pos]
         return out

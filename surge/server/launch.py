@@ -18,7 +18,7 @@ import uvicorn
 
 from surge.engine.client import AsyncEngineClient
 from surge.engine.config import EngineConfig
-from surge.engine.spawn import SpawnedEngine, spawn_engine
+from surge.engine.spawn import SpawnedEngine
 from surge.models.generation_config import sampling_defaults
 from surge.models.resolve import resolve_model
 from surge.models.weights import open_model
@@ -110,14 +110,13 @@ def _sampling_defaults(config: ServerConfig, model_path: Path) -> dict[str, floa
 
 
 async def serve(
-    server_config: ServerConfig, engine_config: EngineConfig, engine: SpawnedEngine | None = None
+    server_config: ServerConfig, engine_config: EngineConfig, engine: SpawnedEngine
 ) -> int:
-    """Run until drained or the engine dies; returns the process exit code. `engine`: the
-    engine process spawned already (`surge serve` starts it before importing this module)."""
+    """Run until drained or the engine dies; returns the process exit code. `engine`: its
+    process, spawned (spawn_engine) before this module was imported, so that the two starts
+    overlap."""
     path = resolve_model(engine_config.model.model)
     defaults = _sampling_defaults(server_config, path)  # a bad one stops us (and the engine)
-    if engine is None:
-        engine = spawn_engine(engine_config)
     # The tokenizer loads while the engine loads the weights.
     tokenizer = open_model(path).tokenizer
     if server_config.chat_template is not None:
