@@ -80,17 +80,22 @@ def test_overload_gets_429_and_admitted_requests_complete(small_server: ServerPr
     wait_idle(small_server)
 
 
-def test_timeout_aborts_and_frees(small_server: ServerProcess) -> None:
+def test_timeout_aborts_and_frees(small_server: ServerProcess, tiny_model_dir: Path) -> None:
+    # The deadlines are far below any CPU's time for 1,900 tokens: on a fast machine the tiny
+    # model once finished them inside 1.5 s, so a deadline near that decided nothing.
     body = {**LONG, "max_tokens": 1900}
-    r = httpx.post(small_server.url + "/v1/completions", json=body, headers=AUTH, timeout=30)
-    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
-    wait_idle(small_server)
-    # Streaming: the stream ends with an error event instead. Its own, shorter deadline (the
-    # header): 1,900 tokens of the tiny model took less than the server's 1.5 s once on a fast
-    # machine.
+    server = ServerProcess(tiny_model_dir, "--request-timeout", "0.1")  # the server's own
+    try:
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+        wait_idle(server)
+    finally:
+        server.stop()
+    # Streaming: the stream ends with an error event instead. The request's own deadline (the
+    # header) shortens the server's 1.5 s.
     with httpx.stream(
         "POST", small_server.url + "/v1/completions", json={**body, "stream": True},
-        headers={**AUTH, "x-surge-timeout": "0.4"}, timeout=30,
+        headers={**AUTH, "x-surge-timeout": "0.1"}, timeout=30,
     ) as resp:  # fmt: skip
         assert resp.status_code == 200
         lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
