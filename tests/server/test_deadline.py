@@ -26,10 +26,10 @@ def test_a_deadline_ends_a_long_request_with_504_and_frees_the_engine(
     before = _aborts(tiny_server)
     t0 = time.monotonic()
     r = httpx.post(tiny_server.url + "/v1/completions", json=LONG, timeout=60,
-                   headers={"x-surge-timeout": "0.5"})  # fmt: skip
+                   headers={"x-surge-timeout": "0.3"})  # fmt: skip
     took = time.monotonic() - t0
     assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
-    assert 0.4 < took < 3
+    assert 0.25 < took < 3  # 2,000 tokens take the tiny model over 1 s on a fast machine
     assert _aborts(tiny_server) == before + 1
     running = tiny_server.metric("vllm:num_requests_running")
     deadline = time.monotonic() + 5
