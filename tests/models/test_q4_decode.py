@@ -270,6 +270,80 @@ def test_a_long_chunk_in_one_step_equals_it_in_pieces(q4_max_rows: int) -> None:
 
 
 @needs_stack
+@pytest.mark.parametrize(
+    ("q4_max_rows", "ref_rows"),
+    [(1024, GEMV_MAX_ROWS), pytest.param(Q4_MAX_ROWS, 150, marks=needs_int8_copies)],
+)
+def test_a_long_chunk_differs_from_the_prefill_path_as_rounding_does(
+    q4_max_rows: int, ref_rows: int
+) -> None:
+    """A 150-token chunk through the stack against the model's own prefill path (in pieces
+    that take the same weights: 8 rows on the 4-bit ones, all 150 on the int8 copies). The two
+    differ more than a short chunk does (max ~1e-3 of the largest value) because a float32
+    reordering can tip one activation's int8 rounding, and a tipped K/V row reaches every later
+    row. The prefill path itself moves as much when its input moves by float32 rounding
+    (relative 1e-7, 3 draws): the stack must differ from it no more than 2x that. An error in
+    attention would be orders of magnitude larger."""
+    spec = small_spec(True)
+    model = q4_model(spec, torch.float32)
+    start, n = 10, 150
+    table = torch.randperm(128, generator=torch.Generator().manual_seed(5))[:11]
+    pos = torch.arange(start, start + n)
+    slots = table[pos // BLOCK] * BLOCK + pos % BLOCK
+    ids = torch.randint(0, spec.vocab_size, (n,), generator=torch.Generator().manual_seed(3))
+
+    def prefill(noise: float, seed: int = 0) -> torch.Tensor:
+        _, caches, _ = random_caches(spec, torch.float32, seed=2)
+        _, _, dec = step(spec, [5], caches)
+        gen = torch.Generator().manual_seed(seed)
+        hook = model.embed_tokens.register_forward_hook(
+            lambda m, i, out: out * (1 + noise * torch.randn(out.shape, generator=gen))
+        )
+        out = []
+        for s0 in range(0, n, ref_rows):
+            s1 = min(n, s0 + ref_rows)
+            attn = AttnMetadata(
+                **_fields(dec)
+                | {
+                    "slot_mapping": slots[s0:s1],
+                    "decode_block_tables": torch.zeros((0, 1), dtype=torch.long),
+                    "decode_seq_lens": torch.zeros(0, dtype=torch.long),
+                    "prefills": (PrefillChunk(0, s1 - s0, start + s0, table),),
+                    "logits_indices": torch.arange(s1 - s0),
+                }
+            )
+            out.append(model(ids[s0:s1], pos[s0:s1], attn))
+        hook.remove()
+        return torch.cat(out)
+
+    _, _, caches = random_caches(spec, torch.float32, seed=2)
+    _, _, dec = step(spec, [5], caches)
+    fused = FusedQ4Decode.build(model, caches, q4_max_rows)
+    assert fused is not None
+    attn = AttnMetadata(
+        **_fields(dec)
+        | {
+            "slot_mapping": slots,
+            "decode_block_tables": table.expand(n, len(table)).contiguous(),
+            "decode_seq_lens": pos + 1,
+            "logits_indices": torch.arange(n),
+            "kv_caches": caches,
+        }
+    )
+    with torch.inference_mode():
+        model.compute_logits = lambda x: x  # type: ignore[method-assign]
+        got, want = fused(ids, pos, attn), prefill(0.0)
+        moved = [prefill(1e-7, seed) for seed in range(3)]
+        del model.compute_logits
+    scale = want.abs().max()
+    err = (got - want).abs() / scale
+    noise = [(m - want).abs() / scale for m in moved]
+    noise_max, noise_mean = max(e.max() for e in noise), max(e.mean() for e in noise)
+    assert noise_max > 1e-4  # the rounding tipped somewhere: the comparison means something
+    assert err.max() <= 2 * noise_max and err.mean() <= 2 * noise_mean
+
+
+@needs_stack
 @pytest.mark.parametrize("lens", [[1], [5, 16, 17], [1, 2, 15, 16, 17, 33, 64, 100]])
 def test_stack_with_an_int8_cache_matches_layer_by_layer(lens: list[int]) -> None:
     """An int8 cache: the stack writes each row's values and scale as the layer-by-layer path
