@@ -2,20 +2,24 @@
 machine's drift between runs falls on all of them alike.
 
     python benchmarks/bench_decode_ab.py [--configs int8+compile,q4+compile] [--requests 1]
-        [--rounds 6] [--steps 40]
+        [--rounds 6] [--steps 40] [--context 100] [--layout sequential]
 
 A configuration is a quantization with optional suffixes: "+compile" (torch.compile, only the
 graph for this batch size is built), "+layers" (no fused decode stack: layer by layer), "+kvbf16",
 "+kvf32" and "+kvint8" (a bfloat16, float32 or int8 KV cache whatever `auto` would choose).
 Each decodes `requests` requests of `--context` prompt tokens (100) at once; rounds alternate
-between the configurations, each round the median of `steps` engine steps.
+between the configurations, each round the median of `steps` engine steps. `--layout scattered`
+shuffles each engine's free blocks first, so a request's blocks lie anywhere in the pool, as in
+a server after churn and prefix-cache reuse (a fresh pool hands them out in order).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
+from collections import OrderedDict
 
 from surge import LLM, SamplingParams
 from surge.engine.outputs import EngineCoreRequest
@@ -45,8 +49,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--context", type=int, default=100, help="prompt tokens a request")
+    ap.add_argument("--layout", default="sequential", choices=["sequential", "scattered"])
     args = ap.parse_args()
     llms = {c: build(c, args.requests) for c in args.configs.split(",")}
+    if args.layout == "scattered":
+        for llm in llms.values():
+            blocks = llm.engine.blocks
+            order = list(blocks._free)  # all free: nothing has run yet
+            random.Random(0).shuffle(order)
+            blocks._free = OrderedDict.fromkeys(order)
     text = "Large language models are served to many users at once by batching requests. " * (
         1 + args.context // 12
     )
@@ -71,7 +82,7 @@ def main() -> None:
                 llm.engine.step()
                 times.append(time.perf_counter() - t)
             rounds[name].append(statistics.median(times) * 1e3)
-    print(f"{args.requests} requests, median ms a step per round:")
+    print(f"{args.requests} requests, {args.layout} blocks, median ms a step per round:")
     for name, ms in rounds.items():
         per_round = " ".join(f"{x:.2f}" for x in ms)
         tok_s = args.requests * 1000 / statistics.median(ms)

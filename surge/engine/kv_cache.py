@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from surge.engine import huge_pages
 from surge.models.kv_quant import row_size
 from surge.models.spec import ModelSpec
 
@@ -80,7 +81,8 @@ def allocate_kv_cache(
     spec: ModelSpec, plan: KVCachePlan, dtype: torch.dtype, device: torch.device
 ) -> list[tuple[Tensor, Tensor]]:
     """Per layer (k, v), each [num_kv_heads, num_blocks + 1, block_size, head_dim] (int8:
-    head_dim + 4, each row's values then its scale), zeroed.
+    head_dim + 4, each row's values then its scale), zeroed; on a Linux CPU on huge pages
+    (huge_pages.py: a request's blocks lie anywhere in the pool).
 
     The extra last block belongs to no request: padded rows of a compiled step write there.
     """
@@ -88,8 +90,8 @@ def allocate_kv_cache(
     shape = (spec.num_kv_heads, plan.num_blocks + 1, plan.block_size, row)
     return [
         (
-            torch.zeros(shape, dtype=dtype, device=device),
-            torch.zeros(shape, dtype=dtype, device=device),
+            huge_pages.zeros(shape, dtype, device),
+            huge_pages.zeros(shape, dtype, device),
         )
         for _ in range(spec.num_layers)
     ]

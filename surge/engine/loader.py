@@ -8,6 +8,7 @@ import logging
 import time
 from dataclasses import dataclass, replace
 
+import psutil
 import torch
 from torch import Tensor
 
@@ -265,6 +266,16 @@ def load_model(
         p.kv_budget_reason,
         p.max_model_len,
     )
+    if precision.device.type == "cpu":
+        available = psutil.virtual_memory().available
+        if kv_plan.total_bytes > available:  # taken as it fills (huge_pages.py): warn now
+            log.warning(
+                "the KV cache (%.2f GiB) is more than the memory available now (%.2f GiB): it "
+                "is taken as it fills, so a full cache may exhaust memory; --kv-cache-memory-gib "
+                "sets it",
+                kv_plan.total_bytes / GIB,
+                available / GIB,
+            )
     return LoadedModel(
         model=model,
         precision=precision,
