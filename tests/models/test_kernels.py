@@ -26,18 +26,30 @@ from surge.models.kv_quant import dequantize_rows, quantize_rows
     # 256 (Gemma 3): the portable one for float caches, the register path for int8 ones.
     [(64, 6, 2), (64, 8, 8), (64, 8, 1), (128, 6, 2), (128, 4, 1), (32, 6, 2), (256, 4, 1)],
 )
+@pytest.mark.parametrize(
+    ("block", "lengths"),
+    # Blocks of 4: each key's row looked up on its own; of 16 (the engine's): a tile of 16 keys
+    # is one block's rows, and the next tile's are fetched ahead (int8), across 10 blocks.
+    [(4, [1, 3, 4, 5, 9, 16, 20, 37]), (16, [1, 15, 16, 17, 33, 48, 100, 160])],
+)
 def test_kernel_matches_torch_ops(
-    dtype: torch.dtype, tol: float, head_dim: int, heads: int, kv_heads: int
+    dtype: torch.dtype,
+    tol: float,
+    head_dim: int,
+    heads: int,
+    kv_heads: int,
+    block: int,
+    lengths: list[int],
 ) -> None:
     module = load_paged_decode()
     if module is None:
         pytest.skip("no C++ toolchain: the torch path is the only one")
     gen = torch.Generator().manual_seed(0)
-    d, num_blocks, block = 8, 60, 4
+    d, num_blocks = 8, 60
     q = torch.randn(d, heads, head_dim, generator=gen).to(dtype)
     k_cache = torch.randn(kv_heads, num_blocks, block, head_dim, generator=gen).to(dtype)
     v_cache = torch.randn(kv_heads, num_blocks, block, head_dim, generator=gen).to(dtype)
-    lens = torch.tensor([1, 3, 4, 5, 9, 16, 20, 37])  # around and past 16-key tiles
+    lens = torch.tensor(lengths)  # around and past 16-key tiles
     tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:10] for _ in range(d)])
     span = torch.arange(tables.shape[1] * block)
     bias = torch.zeros(d, 1, span.numel()).masked_fill_(

@@ -105,6 +105,27 @@ inline void prefetch_row(const T* row) {
     _mm_prefetch(reinterpret_cast<const char*>(row) + l * 64, static_cast<_mm_hint>(Hint));
 }
 
+// The same for an int8 row (HD values, then a 4-byte scale), which starts anywhere in a line.
+template <int HD, int Hint = _MM_HINT_T0>
+inline void prefetch_int8_row(const int8_t* row) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t(63);
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(row) + HD + 3) & ~uintptr_t(63);
+  for (uintptr_t line = first; line <= last; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(line), static_cast<_mm_hint>(Hint));
+}
+
+// The cache rows of keys t0 .. t0 + n - 1 (t0 a multiple of 16, n <= 16): one block's
+// consecutive rows when the block size is a multiple of 16 (the engine's is 16), so one
+// division by the runtime block size per 16 keys, not two per key.
+inline void rows16(const int64_t* table, int64_t bs, int64_t t0, int64_t n, int64_t* rows) {
+  if (bs % 16 == 0) {
+    const int64_t r = table[t0 / bs] * bs + t0 % bs;
+    for (int64_t j = 0; j < n; ++j) rows[j] = r + j;
+  } else {
+    for (int64_t j = 0; j < n; ++j) rows[j] = table[(t0 + j) / bs] * bs + (t0 + j) % bs;
+  }
+}
+
 // Scores, softmax and weighted values of G queries (G * HD / 16 <= 16 registers) against one
 // request's keys and values for one kv head; q rows are consecutive, `out` rows too.
 template <typename T, int HD, int G, typename Q, typename O>
@@ -156,6 +177,46 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
     }
   } else
 #endif
+  if constexpr (std::is_same_v<T, int8_t>) {
+    // int8 keys: the float32 pass below, each 16 keys' rows found once and fetched ahead (the
+    // next 16 keys into L1, these keys' values into L2, while these are scored). Without that
+    // the loop waited on memory: a request's 68-byte rows lie anywhere in the pool, and the
+    // hardware prefetcher finds each block only after its first misses: the kernel took 1.4x
+    // bf16's time at 64 requests (whose pass above fetches ahead), and half as long now
+    // (benchmarks/bench_paged_decode.py --dtype int8).
+    constexpr int64_t S = kRowStride<T, HD>;
+    int64_t rows[16], next[16];
+    rows16(table, bs, 0, std::min<int64_t>(16, len), rows);
+    for (int64_t t0 = 0; t0 < padded; t0 += 16) {
+      const int64_t n = std::min<int64_t>(16, len - t0), m = std::min<int64_t>(16, len - t0 - 16);
+      if (m > 0) {
+        rows16(table, bs, t0 + 16, m, next);
+        for (int64_t j = 0; j < m; ++j) prefetch_int8_row<HD>(kh + next[j] * S);
+      }
+      for (int64_t j = 0; j < n; ++j) prefetch_int8_row<HD, _MM_HINT_T1>(vh + rows[j] * S);
+      for (int j = 0; j < 16; ++j) {
+        if (j >= n) {
+          for (int g = 0; g < G; ++g) part[g][j] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+          continue;
+        }
+        const T* kr = kh + rows[j] * S;
+        __m512 k[V];
+        for (int i = 0; i < V; ++i) k[i] = load16(kr + i * 16);
+        const __m512 ks = _mm512_set1_ps(row_scale<T, HD>(kr));
+        for (int g = 0; g < G; ++g) {
+          __m512 s = _mm512_mul_ps(qr[g][0], k[0]);
+          for (int i = 1; i < V; ++i) s = _mm512_fmadd_ps(qr[g][i], k[i], s);
+          part[g][j] = _mm512_mul_ps(s, ks);
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        const __m512 s = hsum16(part[g]);
+        store16(scores + g * padded + t0, s);
+        mx[g] = _mm512_max_ps(mx[g], s);
+      }
+      if (m > 0) std::copy(next, next + m, rows);
+    }
+  } else
   for (int64_t t0 = 0; t0 < padded; t0 += 16) {
     for (int j = 0; j < 16; ++j) {
       const int64_t t = t0 + j;
@@ -229,6 +290,27 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
     }
     return;
   }
+  if constexpr (std::is_same_v<T, int8_t>) {
+    // int8 values: in L2 from the key pass (fetching them on into L1 ahead gained nothing).
+    constexpr int64_t S = kRowStride<T, HD>;
+    int64_t rows[16], next[16];
+    rows16(table, bs, 0, std::min<int64_t>(16, len), rows);
+    for (int64_t t0 = 0; t0 < len; t0 += 16) {
+      const int64_t n = std::min<int64_t>(16, len - t0), m = std::min<int64_t>(16, len - t0 - 16);
+      if (m > 0) rows16(table, bs, t0 + 16, m, next);
+      for (int64_t j = 0; j < n; ++j) {
+        const T* vr = vh + rows[j] * S;
+        const float vs = row_scale<T, HD>(vr);
+        __m512 v[V];
+        for (int i = 0; i < V; ++i) v[i] = load16(vr + i * 16);
+        for (int g = 0; g < G; ++g) {
+          const __m512 p = _mm512_set1_ps(scores[g * padded + t0 + j] * vs);
+          for (int i = 0; i < V; ++i) acc[g][i] = _mm512_fmadd_ps(p, v[i], acc[g][i]);
+        }
+      }
+      if (m > 0) std::copy(next, next + m, rows);
+    }
+  } else
   for (int64_t t = 0; t < len; ++t) {
     const T* vr = vh + (table[t / bs] * bs + t % bs) * kRowStride<T, HD>;
     const float vs = row_scale<T, HD>(vr);
