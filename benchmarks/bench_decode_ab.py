@@ -10,7 +10,9 @@ graph for this batch size is built), "+layers" (no fused decode stack: layer by 
 Each decodes `requests` requests of `--context` prompt tokens (100) at once; rounds alternate
 between the configurations, each round the median of `steps` engine steps. `--layout scattered`
 shuffles each engine's free blocks first, so a request's blocks lie anywhere in the pool, as in
-a server after churn and prefix-cache reuse (a fresh pool hands them out in order).
+a server after churn and prefix-cache reuse (a fresh pool hands them out in order). Also printed:
+how long each configuration's prefills took, which includes the first writes to its KV pool's
+pages (huge pages, built as they are first touched).
 """
 
 from __future__ import annotations
@@ -62,7 +64,9 @@ def main() -> None:
         1 + args.context // 12
     )
     params = SamplingParams(temperature=0.0, max_tokens=1_000_000, ignore_eos=True)
-    for llm in llms.values():
+    prefill_s: dict[str, float] = {}
+    for name, llm in llms.items():
+        t = time.perf_counter()
         for i in range(args.requests):
             ids = llm.tokenizer.encode(f"{i}: {text}")[: args.context]
             llm.engine.add_request(EngineCoreRequest(str(i), ids, params))
@@ -71,6 +75,7 @@ def main() -> None:
             r.num_computed_tokens < r.num_prompt_tokens for r in sched.running
         ):
             llm.engine.step()  # the prefills
+        prefill_s[name] = time.perf_counter() - t
         for _ in range(4):  # the first decodes (and the compile)
             llm.engine.step()
     rounds: dict[str, list[float]] = {name: [] for name in llms}
@@ -86,7 +91,7 @@ def main() -> None:
     for name, ms in rounds.items():
         per_round = " ".join(f"{x:.2f}" for x in ms)
         tok_s = args.requests * 1000 / statistics.median(ms)
-        print(f"  {name:18s} {per_round}  -> {tok_s:.1f} tok/s")
+        print(f"  {name:18s} {per_round}  -> {tok_s:.1f} tok/s (prefills {prefill_s[name]:.2f} s)")
 
 
 if __name__ == "__main__":
