@@ -293,11 +293,10 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
   if constexpr (std::is_same_v<T, int8_t>) {
     // int8 values: in L2 from the key pass (fetching them on into L1 ahead gained nothing).
     constexpr int64_t S = kRowStride<T, HD>;
-    int64_t rows[16], next[16];
-    rows16(table, bs, 0, std::min<int64_t>(16, len), rows);
+    int64_t rows[16];
     for (int64_t t0 = 0; t0 < len; t0 += 16) {
-      const int64_t n = std::min<int64_t>(16, len - t0), m = std::min<int64_t>(16, len - t0 - 16);
-      if (m > 0) rows16(table, bs, t0 + 16, m, next);
+      const int64_t n = std::min<int64_t>(16, len - t0);
+      rows16(table, bs, t0, n, rows);
       for (int64_t j = 0; j < n; ++j) {
         const T* vr = vh + rows[j] * S;
         const float vs = row_scale<T, HD>(vr);
@@ -308,7 +307,6 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
           for (int i = 0; i < V; ++i) acc[g][i] = _mm512_fmadd_ps(p, v[i], acc[g][i]);
         }
       }
-      if (m > 0) std::copy(next, next + m, rows);
     }
   } else
   for (int64_t t = 0; t < len; ++t) {
