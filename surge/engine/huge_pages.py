@@ -65,7 +65,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> T
     """torch.zeros; on a Linux CPU, for a tensor of at least one huge page, a fresh private
     anonymous mapping aligned to 2 MiB and advised onto huge pages, untouched (the kernel zeroes
     each page as it is first used). The tensor keeps the mapping alive."""
-    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     if device.type != "cpu" or _madvise() is None or nbytes < HUGE_PAGE_BYTES:
         return torch.zeros(shape, dtype=dtype, device=device)
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS

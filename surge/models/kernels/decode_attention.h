@@ -126,6 +126,18 @@ inline void rows16(const int64_t* table, int64_t bs, int64_t t0, int64_t n, int6
   }
 }
 
+// The cache row of key t0 + j: from `tile` (rows16) for an int8 cache, whose passes fetch rows
+// ahead; looked up for a float one, which was 8% slower through the array at 64 requests.
+template <typename T>
+inline int64_t row_of(const int64_t* tile, const int64_t* table, int64_t bs, int64_t t0, int64_t j) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    return tile[j];
+  } else {
+    const int64_t t = t0 + j;
+    return table[t / bs] * bs + t % bs;
+  }
+}
+
 // Scores, softmax and weighted values of G queries (G * HD / 16 <= 16 registers) against one
 // request's keys and values for one kv head; q rows are consecutive, `out` rows too.
 template <typename T, int HD, int G, typename Q, typename O>
@@ -137,6 +149,8 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
     for (int i = 0; i < V; ++i)
       qr[g][i] = _mm512_mul_ps(load16(q + g * HD + i * 16), _mm512_set1_ps(scale));
   const int64_t padded = (len + 15) & ~int64_t(15);
+  constexpr int64_t S = kRowStride<T, HD>;  // elements from one cache row to the next
+  int64_t tile[16];  // the cache rows of 16 keys (rows16; int8 only)
   __m512 mx[G], part[G][16];
   for (int g = 0; g < G; ++g) mx[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
 #ifdef __AVX512BF16__
@@ -177,54 +191,27 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
     }
   } else
 #endif
-  if constexpr (std::is_same_v<T, int8_t>) {
-    // int8 keys: the float32 pass below, each 16 keys' rows found once and fetched ahead (the
-    // next 16 keys into L1, these keys' values into L2, while these are scored). Without that
-    // the loop waited on memory: a request's 68-byte rows lie anywhere in the pool, and the
-    // hardware prefetcher finds each block only after its first misses: the kernel took 1.4x
-    // bf16's time at 64 requests (whose pass above fetches ahead), and half as long now
-    // (benchmarks/bench_paged_decode.py --dtype int8).
-    constexpr int64_t S = kRowStride<T, HD>;
-    int64_t rows[16], next[16];
-    rows16(table, bs, 0, std::min<int64_t>(16, len), rows);
-    for (int64_t t0 = 0; t0 < padded; t0 += 16) {
-      const int64_t n = std::min<int64_t>(16, len - t0), m = std::min<int64_t>(16, len - t0 - 16);
-      if (m > 0) {
-        rows16(table, bs, t0 + 16, m, next);
-        for (int64_t j = 0; j < m; ++j) prefetch_int8_row<HD>(kh + next[j] * S);
-      }
-      for (int64_t j = 0; j < n; ++j) prefetch_int8_row<HD, _MM_HINT_T1>(vh + rows[j] * S);
-      for (int j = 0; j < 16; ++j) {
-        if (j >= n) {
-          for (int g = 0; g < G; ++g) part[g][j] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-          continue;
-        }
-        const T* kr = kh + rows[j] * S;
-        __m512 k[V];
-        for (int i = 0; i < V; ++i) k[i] = load16(kr + i * 16);
-        const __m512 ks = _mm512_set1_ps(row_scale<T, HD>(kr));
-        for (int g = 0; g < G; ++g) {
-          __m512 s = _mm512_mul_ps(qr[g][0], k[0]);
-          for (int i = 1; i < V; ++i) s = _mm512_fmadd_ps(qr[g][i], k[i], s);
-          part[g][j] = _mm512_mul_ps(s, ks);
-        }
-      }
-      for (int g = 0; g < G; ++g) {
-        const __m512 s = hsum16(part[g]);
-        store16(scores + g * padded + t0, s);
-        mx[g] = _mm512_max_ps(mx[g], s);
-      }
-      if (m > 0) std::copy(next, next + m, rows);
-    }
-  } else
   for (int64_t t0 = 0; t0 < padded; t0 += 16) {
+    const int64_t n = std::min<int64_t>(16, len - t0);  // >= 1
+    if constexpr (std::is_same_v<T, int8_t>) {
+      rows16(table, bs, t0, n, tile);
+      // int8: the next 16 keys into L1 and these keys' values into L2 while these are scored,
+      // as the bf16 pass above does. Without that the loop waited on memory: a request's
+      // 68-byte rows lie anywhere in the pool, and the hardware prefetcher finds each block
+      // only after its first misses: the kernel took 1.4x bf16's time at 64 requests, and half
+      // as long now (benchmarks/bench_paged_decode.py --dtype int8).
+      int64_t next[16];
+      const int64_t m = std::min<int64_t>(16, len - t0 - 16);
+      if (m > 0) rows16(table, bs, t0 + 16, m, next);
+      for (int64_t j = 0; j < m; ++j) prefetch_int8_row<HD>(kh + next[j] * S);
+      for (int64_t j = 0; j < n; ++j) prefetch_int8_row<HD, _MM_HINT_T1>(vh + tile[j] * S);
+    }
     for (int j = 0; j < 16; ++j) {
-      const int64_t t = t0 + j;
-      if (t >= len) {
+      if (j >= n) {
         for (int g = 0; g < G; ++g) part[g][j] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
         continue;
       }
-      const T* kr = kh + (table[t / bs] * bs + t % bs) * kRowStride<T, HD>;
+      const T* kr = kh + row_of<T>(tile, table, bs, t0, j) * S;
       __m512 k[V];
       for (int i = 0; i < V; ++i) k[i] = load16(kr + i * 16);
       for (int g = 0; g < G; ++g) {
@@ -290,33 +277,18 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
     }
     return;
   }
-  if constexpr (std::is_same_v<T, int8_t>) {
-    // int8 values: in L2 from the key pass (fetching them on into L1 ahead gained nothing).
-    constexpr int64_t S = kRowStride<T, HD>;
-    int64_t rows[16];
-    for (int64_t t0 = 0; t0 < len; t0 += 16) {
-      const int64_t n = std::min<int64_t>(16, len - t0);
-      rows16(table, bs, t0, n, rows);
-      for (int64_t j = 0; j < n; ++j) {
-        const T* vr = vh + rows[j] * S;
-        const float vs = row_scale<T, HD>(vr);
-        __m512 v[V];
-        for (int i = 0; i < V; ++i) v[i] = load16(vr + i * 16);
-        for (int g = 0; g < G; ++g) {
-          const __m512 p = _mm512_set1_ps(scores[g * padded + t0 + j] * vs);
-          for (int i = 0; i < V; ++i) acc[g][i] = _mm512_fmadd_ps(p, v[i], acc[g][i]);
-        }
+  for (int64_t t0 = 0; t0 < len; t0 += 16) {  // int8 values: in L2 from the key pass
+    const int64_t n = std::min<int64_t>(16, len - t0);
+    if constexpr (std::is_same_v<T, int8_t>) rows16(table, bs, t0, n, tile);
+    for (int64_t j = 0; j < n; ++j) {
+      const T* vr = vh + row_of<T>(tile, table, bs, t0, j) * S;
+      const float vs = row_scale<T, HD>(vr);
+      __m512 v[V];
+      for (int i = 0; i < V; ++i) v[i] = load16(vr + i * 16);
+      for (int g = 0; g < G; ++g) {
+        const __m512 p = _mm512_set1_ps(scores[g * padded + t0 + j] * vs);
+        for (int i = 0; i < V; ++i) acc[g][i] = _mm512_fmadd_ps(p, v[i], acc[g][i]);
       }
-    }
-  } else
-  for (int64_t t = 0; t < len; ++t) {
-    const T* vr = vh + (table[t / bs] * bs + t % bs) * kRowStride<T, HD>;
-    const float vs = row_scale<T, HD>(vr);
-    __m512 v[V];
-    for (int i = 0; i < V; ++i) v[i] = load16(vr + i * 16);
-    for (int g = 0; g < G; ++g) {
-      const __m512 p = _mm512_set1_ps(scores[g * padded + t] * vs);
-      for (int i = 0; i < V; ++i) acc[g][i] = _mm512_fmadd_ps(p, v[i], acc[g][i]);
     }
   }
   for (int g = 0; g < G; ++g)
