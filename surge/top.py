@@ -121,8 +121,9 @@ def render(state: dict[str, Any], url: str, view: View, slo: tuple[float, float]
     line.append(f"  {b.get('reason', '')}\n")
     line.append(f"suggested: {b.get('action', '')}", style="cyan")
     title, _, _ = SORTS[view.sort_key]
-    table = Table(title=f"sorted by {title}{' (reversed)' if view.reverse else ''}  "
-                  "[r w t k f p b u: sort, q: quit]", title_justify="left", expand=True)  # fmt: skip
+    order = f"sorted by {title}{' (reversed)' if view.reverse else ''}"
+    table = Table(title=f"{order}  [r w t k f p b u: sort, q: quit]", title_justify="left",
+                  expand=True)  # fmt: skip
     for col in ("replica", "state", "running", "waiting", "tok/s", "KV", "TTFT p99",
                 "TPOT p99", "prefix hit", "bottleneck"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("replica", "bottleneck") else "right")
