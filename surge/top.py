@@ -122,11 +122,12 @@ def render(state: dict[str, Any], url: str, view: View, slo: tuple[float, float]
     line.append(f"suggested: {b.get('action', '')}", style="cyan")
     title, _, _ = SORTS[view.sort_key]
     order = f"sorted by {title}{' (reversed)' if view.reverse else ''}"
-    table = Table(title=f"{order}  [r w t k f p b u: sort, q: quit]", title_justify="left",
-                  expand=True)  # fmt: skip
+    table = Table(title=f"{order}  [r w t k f p b u: sort, q: quit]", title_justify="left")
     for col in ("replica", "state", "running", "waiting", "tok/s", "KV", "TTFT p99",
                 "TPOT p99", "prefix hit", "bottleneck"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("replica", "bottleneck") else "right")
+        left = col in ("replica", "bottleneck")
+        table.add_column(col, justify="left" if left else "right", no_wrap=True,
+                         min_width=len(col) if not left else 11)  # fmt: skip
     for r in rows:
         state_cell = "" if r["up"] is None else ("up" if r["up"] else "out") + f" {r['breaker']}"
         kind_style = "green" if r["bottleneck"] in _CALM else "yellow"
