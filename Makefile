@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install model kernels serve generate test test-fast lint format bench clean
+.PHONY: install model kernels serve generate test test-fast lint format bench clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,12 @@ serve: model
 kernels: install
 	$(BIN)/python -m surge.models.kernels
 
-test: model kernels
+# System packages the tests drive: chromium (the dashboard's browser test), tmux (surge top's).
+system-deps:
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+	command -v tmux >/dev/null || (apt-get update && apt-get install -y tmux)
+
+test: model kernels system-deps
 	$(BIN)/python -m pytest -q --durations=15 -m "not extra"
 
 test-fast: install

@@ -279,6 +279,10 @@ def _delegated(argv: Sequence[str]) -> int | None:
         from surge.autoscale.cli import main as autoscale_main
 
         return autoscale_main(list(argv[1:]))
+    if argv and argv[0] == "top":
+        from surge.top import main as top_main
+
+        return top_main(list(argv[1:]))
     return None
 
 
@@ -292,6 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("bench", help="load generator for any OpenAI-compatible server (surge bench -h)")
     sub.add_parser("gateway", help="one address for many servers (surge gateway -h)")
+    sub.add_parser("top", help="live terminal view of a server or a fleet (surge top -h)")
 
     gen = sub.add_parser("generate", help="offline generation demo on the default model")
     add_engine_args(gen)

@@ -129,6 +129,8 @@ def _start_gateway(
         "--port", str(args.port), "--upstreams-file", str(upstreams),
         "--reload-interval", "0.5", *args.gateway_arg,
     ]  # fmt: skip
+    if args.metrics_port is not None:  # its desired/ready/forecast on the gateway's /dashboard
+        cmd += ["--autoscaler-url", f"http://{args.host}:{args.metrics_port}"]
     if config.min_replicas == 0:  # with no replica, requests wait for one (and wake us)
         cmd += ["--activation-timeout", str(config.activation_timeout_s)]
     out = log_path.open("wb")

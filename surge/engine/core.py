@@ -99,6 +99,10 @@ class EngineCore:
         self._generation_tokens = 0
         self._num_steps = 0
         self._iteration_tokens: list[int] = []
+        self._step_tokens = 0
+        self._prefill_tokens = 0
+        self._step_time_s = 0.0
+        self.wait_time_s = 0.0  # the process loop adds the time it blocks waiting for work
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, creq: EngineCoreRequest) -> None:
@@ -172,6 +176,13 @@ class EngineCore:
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[EngineCoreOutput]:
+        started = time.perf_counter()
+        try:
+            return self._step()
+        finally:
+            self._step_time_s += time.perf_counter() - started
+
+    def _step(self) -> list[EngineCoreOutput]:
         if self.loras is not None and self.loras.retiring:
             self.loras.reap(self._live_lora_slots())  # unloaded adapters whose requests ended
         now = time.monotonic()
@@ -182,6 +193,8 @@ class EngineCore:
         advanced = self.scheduler.update(batch, sampled)
         self._num_steps += 1
         self._iteration_tokens.append(batch.num_tokens)
+        self._step_tokens += batch.num_tokens
+        self._prefill_tokens += sum(len(s.token_ids) for s in batch.requests if not s.is_decode)
         outputs: list[EngineCoreOutput] = []
         for req in advanced:
             n = req.num_new_tokens  # more than one when a speculative draft was accepted
@@ -237,6 +250,13 @@ class EngineCore:
             spec_num_drafts=sched.spec_num_drafts,
             spec_draft_tokens=sched.spec_draft_tokens,
             spec_accepted_tokens=sched.spec_accepted_tokens,
+            step_tokens=self._step_tokens,
+            prefill_tokens=self._prefill_tokens,
+            num_blocked_on_kv=sched.num_blocked_on_kv,
+            step_time_s=self._step_time_s,
+            wait_time_s=self.wait_time_s,
+            max_num_seqs=self.config.scheduler.max_num_seqs,
+            max_num_batched_tokens=self.config.scheduler.max_num_batched_tokens,
         )
 
     @staticmethod

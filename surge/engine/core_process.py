@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -67,7 +68,9 @@ def _loop(engine: EngineCore, inbox: Connection, outbox: Connection) -> None:
     while True:
         # Block for a message only when idle; otherwise take what arrived and step.
         if not engine.has_work() or inbox.poll():
+            idle_since = time.perf_counter()
             msg: ToEngine = inbox.recv()
+            engine.wait_time_s += time.perf_counter() - idle_since  # blocked: no work
             if _handle(engine, msg, outbox):
                 return
             while inbox.poll():

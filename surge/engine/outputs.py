@@ -64,3 +64,13 @@ class EngineStats:
     spec_num_drafts: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    # For the bottleneck diagnosis, counters since start: tokens scheduled over all steps and
+    # those of prefill chunks; admissions that stopped for want of KV blocks; seconds in step()
+    # and seconds blocked waiting for work. And the limits a full step reaches.
+    step_tokens: int = 0
+    prefill_tokens: int = 0
+    num_blocked_on_kv: int = 0
+    step_time_s: float = 0.0
+    wait_time_s: float = 0.0
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0

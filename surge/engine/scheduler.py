@@ -46,6 +46,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_blocked_on_kv = 0  # admissions stopped for want of KV blocks, since start
         self.tenant_tokens: dict[str, int] = {}  # scheduled tokens per tenant, since start
         self._seq = itertools.count()
 
@@ -146,6 +147,7 @@ class Scheduler:
                 req.block_hashes,
             )
             if got is None:
+                self.num_blocked_on_kv += 1
                 break  # head-of-line: don't let later arrivals jump a request that doesn't fit
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = req.num_computed_tokens

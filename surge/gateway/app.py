@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from surge.deadline import parse_timeout
 from surge.gateway.balancers import Balancer, make_balancer
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
+from surge.gateway.dashboard import install as install_dashboard
 from surge.gateway.degrade import DEGRADED_HEADER, cap_max_tokens, decide
 from surge.gateway.errors import (
     BadRequest,
@@ -115,6 +116,7 @@ def build_app(config: GatewayConfig) -> FastAPI:
                   openapi_url=None)  # fmt: skip
     app.state.gateway = state
     install_error_handlers(app)
+    install_dashboard(app, state.pool, config.autoscaler_url)  # before the catch-all routes
     app.add_middleware(RequestIdMiddleware)  # the id goes upstream and back to the client
 
     @app.post("/v1/completions", response_model=None)

@@ -24,6 +24,7 @@ _FLAGS: dict[str, tuple[str | None, str, type, str]] = {
     "--reload-interval": (None, "reload_interval_s", float, "seconds between file checks"),
     "--session-header": (None, "session_header", str, "session policy key header"),
     "--scrape-interval": (None, "scrape_interval_s", float, "seconds between /metrics scrapes"),
+    "--autoscaler-url": (None, "autoscaler_url", str, "an autoscaler's metrics, for /dashboard"),
     "--max-body-bytes": (None, "max_body_bytes", int, "larger request bodies get 413"),
     "--seed": (None, "seed", int, "seed of the power-of-two draws and retry jitter"),
     "--prefix-chunk-chars": ("prefix", "chunk_chars", int, "characters per prefix hash"),

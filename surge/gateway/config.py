@@ -222,6 +222,7 @@ class GatewayConfig:
     # A client may ask for a shorter deadline than timeouts.total_s in this header (seconds);
     # each attempt tells its upstream, in the same header, the time left (deadline propagation).
     timeout_header: str = TIMEOUT_HEADER
+    autoscaler_url: str | None = None  # its /metrics: desired/ready/forecast on the dashboard
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", Policy(self.policy))

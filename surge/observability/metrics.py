@@ -60,6 +60,13 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("spec_num_drafts", "vllm:spec_decode_num_drafts", "Speculative drafts verified."),
     ("spec_draft_tokens", "vllm:spec_decode_num_draft_tokens", "Draft tokens verified."),
     ("spec_accepted_tokens", "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."),
+    ("step_time_s", "surge:engine_step_seconds", "Engine time in steps (computing), seconds."),
+    ("wait_time_s", "surge:engine_wait_seconds", "Engine time blocked waiting for work, seconds."),
+    (
+        "num_blocked_on_kv",
+        "surge:engine_kv_blocked_admissions",
+        "Admissions stopped for want of KV blocks (a step's admissions end there).",
+    ),
 )
 
 MAX_PRIORITY_LABELS = 32
@@ -103,7 +110,7 @@ class ServerMetrics:
         self.max_tenants = max_tenants
         self._lock = threading.Lock()
         self._tenants: set[str] = set()
-        self._last_engine: dict[str, int] = {field: 0 for field, _, _ in _ENGINE_COUNTERS}
+        self._last_engine: dict[str, float] = {field: 0 for field, _, _ in _ENGINE_COUNTERS}
         self._cache_config: tuple[int, int] | None = None
         token_buckets = build_1_2_5_buckets(max_model_len)
         reg, m = self.registry, ["model_name"]
@@ -307,7 +314,7 @@ class ServerMetrics:
         self.kv_cache_usage.labels(name).set(stats.kv_cache_usage)
         with self._lock:
             for field, counter in self.engine_counters.items():
-                value: int = getattr(stats, field)
+                value: float = getattr(stats, field)
                 last = self._last_engine[field]
                 # A lower value means the engine restarted from zero: all of it is new.
                 delta = value - last if value >= last else value

@@ -139,6 +139,10 @@ class ResourceMonitor:
             gpus=self._nvml.sample() if self._nvml is not None else _torch_gpus(),
         )
 
+    def gpus(self) -> list[GpuSample]:
+        """The GPUs alone (NVML keeps no state between reads: any caller may ask)."""
+        return self._nvml.sample() if self._nvml is not None else _torch_gpus()
+
     def register(self, registry: CollectorRegistry) -> None:
         registry.register(_ResourceCollector(self))
 

@@ -14,6 +14,7 @@ from surge.server.middleware import (
 from surge.server.routes import (
     chat,
     completions,
+    dashboard,
     embeddings,
     lora,
     misc,
@@ -36,6 +37,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(lora.router)
     app.include_router(responses.router)
     app.include_router(stored_responses.router)
+    app.include_router(dashboard.router)
     # The last added is outermost: the size check runs inside the key check.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.config.max_body_bytes)
     if state.config.api_keys:

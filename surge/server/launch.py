@@ -30,6 +30,7 @@ from surge.sampling_params import SamplingParams
 from surge.server.app import build_app
 from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
+from surge.server.monitor import LiveMonitor
 from surge.server.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,9 @@ async def serve(
         # Linux this is the calling thread's: the event loop's, and threads it starts later.)
         log.info("API process niceness %d", os.nice(server_config.api_niceness))
     metrics = ServerMetrics(server_config.served_model_name, max_model_len=client.max_model_len)
-    ResourceMonitor({"api": os.getpid(), "engine": client.pid}).register(metrics.registry)
+    pids = {"api": os.getpid(), "engine": client.pid}
+    resources = ResourceMonitor(pids)
+    resources.register(metrics.registry)
     metrics.set_health(True)
     embeddings = _load_embeddings(server_config, metrics)
     tracing = Tracing.start(server_config.tracing)
@@ -144,6 +147,7 @@ async def serve(
             else "taught in the system message (the chat template renders no tools)",
         )  # fmt: skip
     app = build_app(state)
+    app.state.monitor = monitor = LiveMonitor(client, metrics, pids, resources.gpus)
     uv_config = uvicorn.Config(
         app,
         host=server_config.host,
@@ -157,6 +161,7 @@ async def serve(
     tasks = [
         asyncio.create_task(_drain_on_signal(server, state)),
         asyncio.create_task(_exit_on_engine_death(server, state)),
+        asyncio.create_task(monitor.run()),  # the bottleneck, /dashboard's figures
     ]
     log.info("serving %s on http://%s:%d", server_config.served_model_name,
              server_config.host, server_config.port)  # fmt: skip
