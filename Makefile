@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install model kernels serve generate test test-fast lint format bench clean
+.PHONY: install model kernels serve generate test test-fast lint format bench clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,13 @@ serve: model
 kernels: install
 	$(BIN)/python -m surge.models.kernels
 
-test: model kernels
+# System packages the tests use (Debian), installed only when missing: Prometheus and promtool
+# (deploy/prometheus rules, the dashboard's queries against a real Prometheus).
+system-deps:
+	command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+		(apt-get update && apt-get install -y --no-install-recommends prometheus)
+
+test: system-deps model kernels
 	$(BIN)/python -m pytest -q --durations=15 -m "not extra"
 
 test-fast: install

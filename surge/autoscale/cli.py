@@ -170,6 +170,7 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
             )
         )
     metrics = AutoscalerMetrics()
+    metrics.set_limits(config.min_replicas, config.max_replicas)
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
 
