@@ -29,12 +29,20 @@ serve: model
 kernels: install
 	$(BIN)/python -m surge.models.kernels
 
-# System packages the tests drive: chromium (the dashboard's browser test), tmux (surge top's).
+# System packages the tests drive (Debian), installed only when missing: Prometheus and promtool
+# (deploy/prometheus rules, the Grafana dashboard's queries against a real Prometheus), chromium
+# (the dashboard page's browser test), tmux (surge top's terminal test).
 system-deps:
-	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
-	command -v tmux >/dev/null || (apt-get update && apt-get install -y tmux)
+	@missing=""; \
+	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v tmux >/dev/null || missing="$$missing tmux"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
 
-test: model kernels system-deps
+test: system-deps model kernels
 	$(BIN)/python -m pytest -q --durations=15 -m "not extra"
 
 test-fast: install

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from surge.autoscale.config import AutoscalerConfig
 from surge.autoscale.controller import Autoscaler
+from surge.autoscale.observe import add_observe_flags, observed_provider
 from surge.autoscale.providers.base import Provider, ReplicaStartError, wait_healthy
 from surge.autoscale.providers.local import LocalProcessProvider, LocalProviderConfig
 from surge.observability.autoscaler_metrics import AutoscalerMetrics
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", default=None, help="replica logs (default: the temp folder)")
     p.add_argument("--gateway-arg", action="append", default=[], help="passed to `surge gateway`")
     p.add_argument("--log-level", default=os.environ.get("SURGE_LOG_LEVEL", "INFO"))
+    add_observe_flags(p)
     defaults = AutoscalerConfig()
     for flag, (name, kind, text) in _FLAGS.items():
         p.add_argument(flag, type=kind, default=getattr(defaults, name), help=text)
@@ -142,7 +144,10 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
     log_dir = Path(args.log_dir or tempfile.gettempdir())
     upstreams = Path(args.upstreams_file or log_dir / f"surge-autoscale-{os.getpid()}.json")
     provider: Provider
-    if args.provider == "ray":
+    observed = observed_provider(args, serve_args)
+    if observed is not None:
+        provider = observed
+    elif args.provider == "ray":
         from surge.autoscale.providers.ray import RayProvider, RayProviderConfig
 
         provider = RayProvider(
@@ -167,11 +172,25 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
             )
         )
     metrics = AutoscalerMetrics()
+    metrics.set_limits(config.min_replicas, config.max_replicas)
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
 
         start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
-    scaler = Autoscaler(config, provider, upstreams, metrics)
+    scaler = Autoscaler(config, provider, None if observed else upstreams, metrics)
+    if observed is not None:
+        scaler.act, scaler.gateway_url = False, args.gateway_url
+    keda = None
+    if args.keda_external_scaler_port is not None:
+        try:
+            from surge.autoscale.keda.board import Board
+            from surge.autoscale.keda.server import start_server
+        except ImportError as e:
+            log.error("--keda-external-scaler-port needs grpcio: pip install 'surge[keda]' (%s)", e)
+            return 1
+        board = Board()
+        scaler.on_decision = board.update
+        keda = await start_server(board, args.host, args.keda_external_scaler_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -179,10 +198,11 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
     gateway: subprocess.Popen[bytes] | None = None
     watcher: asyncio.Task[None] | None = None
     try:
-        log.info("starting %d replica(s): surge serve %s", config.start_replicas,
-                 " ".join(serve_args))  # fmt: skip
-        await scaler.start_initial()
-        if args.port:
+        if observed is None:
+            log.info("starting %d replica(s): surge serve %s", config.start_replicas,
+                     " ".join(serve_args))  # fmt: skip
+            await scaler.start_initial()
+        if args.port and observed is None:
             gateway_log = log_dir / f"surge-autoscale-gateway-{args.port}.log"
             gateway = proc = _start_gateway(args, config, upstreams, gateway_log)
             url = f"http://{args.host}:{args.port}"
@@ -203,6 +223,8 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
         log.error("%s", e)
         return 1
     finally:
+        if keda is not None:
+            await keda.stop(1.0)
         if watcher is not None:
             watcher.cancel()
         if gateway is not None and gateway.poll() is None:
@@ -211,7 +233,8 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
                 await asyncio.to_thread(gateway.wait, 30)
             except subprocess.TimeoutExpired:
                 gateway.kill()
-        log.info("draining %d replica(s)", len(provider.replicas()))
+        if observed is None:
+            log.info("draining %d replica(s)", len(provider.replicas()))
         await scaler.close()
 
 

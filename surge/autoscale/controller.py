@@ -65,6 +65,11 @@ class Autoscaler:
         self.gateway_url: str | None = None  # scaled to zero, its waiting requests wake us
         self._tasks: set[asyncio.Task[None]] = set()
         self._published: list[str] | None = None
+        # Observe mode (Kubernetes): decide, but leave starting and draining to the cluster.
+        self.act = True
+        # Told every decision: (replicas decided on, requests waiting or held); KEDA's answers.
+        self.on_decision: Callable[[int, float], None] | None = None
+        self._last_target = 0
 
     # -- the fleet -------------------------------------------------------------------------
 
@@ -131,6 +136,7 @@ class Autoscaler:
             self.forecaster.update(now, signals.arrival_rps)
             forecast = self.forecaster.predict(self.config.forecast_horizon_s)
         current = self.current
+        awaiting = 0.0
         if current == 0:
             # No replica (scaled to zero, or the last one died): the floor, or requests held by
             # the gateway, ask for one at once; there is no replica to scrape.
@@ -146,7 +152,11 @@ class Autoscaler:
         else:
             decision = desired_replicas(signals, self.config, forecast, current)
             target = self.stabilizer.recommend(now, decision.desired, current)
-        if target > current:
+        if self.on_decision is not None:
+            self.on_decision(target, signals.waiting + awaiting)
+        if not self.act:
+            pass  # observe mode: the cluster (KEDA/HPA) starts and drains, to `target`
+        elif target > current:
             log.info("scale up %d -> %d (%s)", current, target, decision.reason)
             for _ in range(target - current):
                 self._spawn(self._start_one())
@@ -162,8 +172,10 @@ class Autoscaler:
         if self.metrics is not None:
             self.metrics.observe(
                 ready=len(ready), starting=self.pending_starts, draining=self.draining(),
-                desired=target, decision=decision, forecast_rps=forecast, previous=current,
+                desired=target, decision=decision, forecast_rps=forecast,
+                previous=current if self.act else self._last_target,
             )  # fmt: skip
+        self._last_target = target  # observe mode: a scale event is a change of the decision
         return target
 
     def draining(self) -> int:

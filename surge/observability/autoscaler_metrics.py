@@ -37,6 +37,15 @@ class AutoscalerMetrics:
             registry=reg,
         )  # fmt: skip
 
+        self.limits = Gauge(
+            "surge_autoscaler_replicas_limit", "The configured replica bounds (min, max).",
+            ["bound"], registry=reg,
+        )  # fmt: skip
+
+    def set_limits(self, min_replicas: int, max_replicas: int) -> None:
+        self.limits.labels("min").set(min_replicas)
+        self.limits.labels("max").set(max_replicas)
+
     def set_fleet(self, ready: int, starting: int, draining: int) -> None:
         for state, n in (("ready", ready), ("starting", starting), ("draining", draining)):
             self.replicas.labels(state).set(n)
