@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install model kernels serve generate test test-fast lint format bench clean
+.PHONY: install model kernels serve generate system-deps test test-fast lint format bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,11 @@ serve: model
 kernels: install
 	$(BIN)/python -m surge.models.kernels
 
-test: model kernels
+# System packages the tests use, installed only when missing (Debian/Ubuntu).
+system-deps:
+	test -e /usr/lib/x86_64-linux-gnu/libnss_wrapper.so || (apt-get update && apt-get install -y libnss-wrapper)
+
+test: system-deps model kernels
 	$(BIN)/python -m pytest -q --durations=15 -m "not extra"
 
 test-fast: install
