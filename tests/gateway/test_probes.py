@@ -35,7 +35,7 @@ def test_not_ready_without_an_upstream_in_rotation() -> None:
         gw.wait_ready()
         _wait_for(gw, "/health/ready", 503)
         code, body = _get(gw, "/health/ready")
-        assert body["reason"] == "no upstream in rotation" and body["upstreams_in_rotation"] == 0
+        assert code == 503 and body["reason"] == "no upstream in rotation" and body["upstreams_in_rotation"] == 0
         assert _get(gw, "/health/live")[0] == 200  # nothing to restart: the upstreams are down
         assert _get(gw, "/health/startup")[0] == 200
     finally:
@@ -70,8 +70,8 @@ def _drain_and_check(gw: GatewayProcess) -> None:
     first = threading.Event()
 
     def stream() -> None:
-        body = {"model": "test-model", "prompt": "Go on", "max_tokens": 1000,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        body = {"model": "test-model", "prompt": "Go on", "max_tokens": 1000, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
         lines = []
         with httpx.stream("POST", gw.url + "/v1/completions", json=body, timeout=600) as r:
             for line in r.iter_lines():
