@@ -35,7 +35,8 @@ def test_not_ready_without_an_upstream_in_rotation() -> None:
         gw.wait_ready()
         _wait_for(gw, "/health/ready", 503)
         code, body = _get(gw, "/health/ready")
-        assert code == 503 and body["reason"] == "no upstream in rotation" and body["upstreams_in_rotation"] == 0
+        assert (code, body["reason"]) == (503, "no upstream in rotation")
+        assert body["upstreams_in_rotation"] == 0
         assert _get(gw, "/health/live")[0] == 200  # nothing to restart: the upstreams are down
         assert _get(gw, "/health/startup")[0] == 200
     finally:
