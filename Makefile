@@ -31,12 +31,14 @@ kernels: install
 
 # System packages the tests drive (Debian), installed only when missing: Prometheus and promtool
 # (deploy/prometheus rules, the Grafana dashboard's queries against a real Prometheus), chromium
-# (the dashboard page's browser test), tmux (surge top's terminal test).
+# (the dashboard page's browser test), tmux (surge top's terminal test),
+# libnss-wrapper (the gateway's DNS discovery test resolves names from a hosts file of its own).
 system-deps:
 	@missing=""; \
 	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v tmux >/dev/null || missing="$$missing tmux"; \
+	test -e /usr/lib/x86_64-linux-gnu/libnss_wrapper.so || missing="$$missing libnss-wrapper"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -33,12 +33,20 @@ def _url(scheme: str, address: str, port: int) -> str:
     return f"{scheme}://{host}:{port}"
 
 
+# The name exists but has no address, or does not exist: a Service scaled to zero has none.
+_NO_ADDRESS = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+
+
 def resolve(target: DnsTarget) -> tuple[str, ...]:
     """Every address the name has now, as sorted unique URLs; () when it has none (a Service
-    scaled to zero: NXDOMAIN or no records). Blocking: call it from a thread in async code."""
+    scaled to zero: NXDOMAIN or no records). A failure to ask (EAI_AGAIN: the DNS server did
+    not answer) raises `socket.gaierror` (an OSError), so that a caller keeps the replicas it
+    knows rather than dropping them all for one lost packet. Blocking: call it from a thread."""
     try:
         infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        return ()
+    except socket.gaierror as e:
+        if e.errno in _NO_ADDRESS:
+            return ()
+        raise
     addresses = {str(info[4][0]) for info in infos}
     return tuple(sorted(_url(target.scheme, a, target.port) for a in addresses))

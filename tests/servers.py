@@ -39,16 +39,23 @@ def _ephemeral_low() -> int:
 
 
 class ServerProcess:
-    def __init__(self, model: Path | str, *args: str, startup_timeout_s: float = 180.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+    def __init__(
+        self,
+        model: Path | str,
+        *args: str,
+        startup_timeout_s: float = 180.0,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self.url = f"http://{host}:{self.port}"
         # Named apart from later processes given the same port (their logs would overwrite).
         tmp = Path(os.environ.get("TMPDIR", "/tmp"))
         self.log_path = tmp / f"surge-test-{self.port}-{time.time_ns()}.log"
         self._log = self.log_path.open("wb")
         cmd = [
             sys.executable, "-m", "surge.cli", "serve", "--model", str(model),
-            "--port", str(self.port), "--served-model-name", "test-model",
+            "--host", host, "--port", str(self.port), "--served-model-name", "test-model",
             "--kv-cache-memory-gib", "0.25", *args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)

@@ -23,10 +23,12 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from surge.deadline import parse_timeout
+from surge.discovery import DnsTarget
 from surge.gateway.balancers import Balancer, make_balancer
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
 from surge.gateway.dashboard import install as install_dashboard
 from surge.gateway.degrade import DEGRADED_HEADER, cap_max_tokens, decide
+from surge.gateway.dns_watch import discover_once, watch_dns
 from surge.gateway.errors import (
     BadRequest,
     GatewayError,
@@ -40,6 +42,7 @@ from surge.gateway.health import probe_loop
 from surge.gateway.limits import ConcurrencyLimiter, LimitExceeded
 from surge.gateway.metrics import GatewayMetrics
 from surge.gateway.prefix_affinity import route_key
+from surge.gateway.probes import probe_router
 from surge.gateway.proxy import Proxy, ProxyRequest, forward_headers
 from surge.gateway.response_owners import ResponseOwners
 from surge.gateway.resume import StreamResume
@@ -72,6 +75,7 @@ class GatewayState:
     proxy: Proxy | None = None  # built in the lifespan, with the HTTP client
     tracing: Tracing = field(default_factory=Tracing.off)  # started in the lifespan
     owners: ResponseOwners = field(default_factory=ResponseOwners)  # stored responses' homes
+    draining: bool = False  # SIGTERM (launch.py): not ready, new requests get 503
 
     @classmethod
     def create(cls, config: GatewayConfig) -> GatewayState:
@@ -150,6 +154,8 @@ def build_app(config: GatewayConfig) -> FastAPI:
     async def health() -> JSONResponse:
         return _health(state)
 
+    app.include_router(probe_router(state))  # /health/live, /health/ready, /health/startup
+
     @app.get("/metrics")
     async def metrics() -> Response:
         pool, limiter = state.pool, state.limiter
@@ -192,6 +198,14 @@ async def _start_background(
         watcher = watch_upstreams_file(pool, config.upstreams_file, config.reload_interval_s,
                                        state.reload_now)  # fmt: skip
         tasks.append(asyncio.create_task(watcher))
+    if config.discover:
+        targets = [DnsTarget.parse(t) for t in config.discover]
+        try:
+            await discover_once(pool, targets)  # serve with the pods there are now
+        except OSError as e:  # DNS not answering yet: the watch tries again
+            log.error("DNS discovery failed at start (retrying every %gs): %s",
+                      config.discover_interval_s, e)  # fmt: skip
+        tasks.append(asyncio.create_task(watch_dns(pool, targets, config.discover_interval_s)))
     if config.health.interval_s > 0:
         probes = probe_loop(pool.all, monitor, config.health, time.monotonic)
         tasks.append(asyncio.create_task(probes))
@@ -337,6 +351,8 @@ async def _admit_and_forward(
     pinned: str | None,
 ) -> Response:
     config, metrics, limiter = state.config, state.metrics, state.limiter
+    if state.draining:
+        raise Unavailable("gateway is shutting down", code="draining", retry_after_s=1.0)
     body = await _read_body(request, config.max_body_bytes)
     timeout_s = _client_timeout(request, config.timeout_header)
     parsed = _json_object(body) if generation else None

@@ -73,6 +73,10 @@ _FLAGS: dict[str, tuple[str | None, str, type, str]] = {
     "--activation-timeout": (None, "activation_timeout_s", float,
                              "with no upstream at all (scaled to zero), seconds a request waits "
                              "for one (default 0: 503 at once)"),
+    "--discover-interval": (None, "discover_interval_s", float,
+                            "seconds between DNS resolutions of dns:// upstreams (default 5)"),
+    "--drain-timeout": (None, "drain_timeout_s", float,
+                        "on SIGTERM, seconds in-flight requests may take to finish (default 30)"),
     "--otlp-traces-endpoint": (None, "otlp_traces_endpoint", str,
                                "OpenTelemetry collector for spans over OTLP/HTTP, e.g. "
                                "http://127.0.0.1:4318 "
@@ -94,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="URL[,weight=W]",
-        help="an upstream server (repeatable); ',max_in_flight=N' also accepted",
+        help="an upstream server (repeatable); ',max_in_flight=N' also accepted; "
+        "dns://NAME:PORT: every address NAME resolves to (a headless Service), re-resolved "
+        "every --discover-interval",
     )
     p.add_argument(
         "--fallback-upstream",
@@ -152,7 +158,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         if value is not None:
             (overrides.setdefault(section, {}) if section else overrides)[name] = value
     if args.upstream:
-        overrides["upstreams"] = [parse_upstream(s) for s in args.upstream]
+        dns = [s for s in args.upstream if s.startswith("dns://")]
+        if dns:
+            overrides["discover"] = dns
+        if plain := [parse_upstream(s) for s in args.upstream if not s.startswith("dns://")]:
+            overrides["upstreams"] = plain
     if args.fallback_upstream:
         overrides["fallback_upstreams"] = [parse_upstream(s) for s in args.fallback_upstream]
     if args.policy:

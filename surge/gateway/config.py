@@ -7,6 +7,7 @@ from enum import StrEnum
 from urllib.parse import urlsplit
 
 from surge.deadline import TIMEOUT_HEADER
+from surge.discovery import DnsTarget
 from surge.observability.tracing import TracingConfig
 
 
@@ -223,14 +224,28 @@ class GatewayConfig:
     # each attempt tells its upstream, in the same header, the time left (deadline propagation).
     timeout_header: str = TIMEOUT_HEADER
     autoscaler_url: str | None = None  # its /metrics: desired/ready/forecast on the dashboard
+    # dns://NAME:PORT targets (a headless Service): every address the name resolves to is a
+    # primary upstream; re-resolved every discover_interval_s, so pods come and go.
+    discover: tuple[str, ...] = ()
+    discover_interval_s: float = 5.0
+    # SIGTERM: /health/ready turns 503 and new requests get 503 while those in flight finish,
+    # for up to this long; then the gateway exits.
+    drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", Policy(self.policy))
         self.tracing  # noqa: B018 (validates the endpoint)
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        if not self.upstreams and self.upstreams_file is None:
-            raise ValueError("upstreams: give at least one upstream or an upstreams_file")
+        object.__setattr__(self, "discover", tuple(self.discover))
+        for target in self.discover:
+            DnsTarget.parse(target)  # ValueError for anything but dns://NAME:PORT
+        if not self.upstreams and self.upstreams_file is None and not self.discover:
+            raise ValueError(
+                "upstreams: give at least one upstream, an upstreams_file or a dns:// target"
+            )
+        _positive("discover_interval_s", self.discover_interval_s)
+        _at_least("drain_timeout_s", self.drain_timeout_s, 0)
         urls = [u.url for u in (*self.upstreams, *self.fallback_upstreams)]
         if len(set(urls)) != len(urls):
             raise ValueError(f"upstreams: each url may appear once, got {urls}")

@@ -1,4 +1,5 @@
-"""Run the gateway: uvicorn around build_app, SIGHUP to re-read the upstreams file."""
+"""Run the gateway: uvicorn around build_app, SIGHUP to re-read the upstreams file, a drain on
+SIGTERM (not ready, new requests 503, in-flight ones finish; a second signal exits at once)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
+from types import FrameType
 
 import uvicorn
 
@@ -13,6 +16,35 @@ from surge.gateway.app import GatewayState, build_app
 from surge.gateway.config import GatewayConfig
 
 log = logging.getLogger(__name__)
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, except that the first exit signal starts a drain instead of closing the port
+    (the probes must still answer: ready 503, live 200)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.drain_requested = asyncio.Event()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_requested.is_set():
+            super().handle_exit(sig, frame)  # second signal: uvicorn's own (force) exit
+            self.force_exit = True
+            return
+        self.drain_requested.set()
+
+
+async def _drain_on_signal(server: _DrainingServer, state: GatewayState) -> None:
+    await server.drain_requested.wait()
+    state.draining = True
+    timeout = state.config.drain_timeout_s
+    log.info("draining: %d requests in flight, up to %.0fs", state.limiter.in_flight, timeout)
+    deadline = time.monotonic() + timeout
+    while state.limiter.in_flight > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # a stream counts until its last byte is sent
+    if state.limiter.in_flight:
+        log.warning("drain timeout: %d requests still in flight", state.limiter.in_flight)
+    server.should_exit = True
 
 
 async def serve(config: GatewayConfig) -> int:
@@ -28,17 +60,20 @@ async def serve(config: GatewayConfig) -> int:
         timeout_graceful_shutdown=10,
         timeout_keep_alive=30,
     )
-    server = uvicorn.Server(uv_config)
+    server = _DrainingServer(uv_config)
+    drain = asyncio.create_task(_drain_on_signal(server, state))
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):  # no SIGHUP on this platform
         loop.add_signal_handler(signal.SIGHUP, state.reload_now.set)
     urls = [u.url for u in state.pool.all()]
-    log.info("gateway on http://%s:%d, policy %s, upstreams %s%s", config.host, config.port,
+    log.info("gateway on http://%s:%d, policy %s, upstreams %s%s%s", config.host, config.port,
              config.policy.value, urls,
-             f" + file {config.upstreams_file}" if config.upstreams_file else "")  # fmt: skip
+             f" + file {config.upstreams_file}" if config.upstreams_file else "",
+             f" + DNS {list(config.discover)}" if config.discover else "")  # fmt: skip
     try:
         await server.serve()
     finally:
+        drain.cancel()
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.remove_signal_handler(signal.SIGHUP)
     return 0 if server.started else 1

@@ -132,7 +132,8 @@ class Upstream:
 
 
 class UpstreamPool:
-    """The upstreams the gateway knows: static ones from the config plus those of the file.
+    """The upstreams the gateway knows: static ones from the config plus those of the file
+    plus those found by DNS (dns_watch.py); on a clash the static one wins, then the file's.
 
     Reconciling keeps an upstream's state (breaker, health, in-flight) when it stays; one that
     leaves is dropped here while its in-flight requests finish on the object they hold.
@@ -145,17 +146,27 @@ class UpstreamPool:
             for u in ups:
                 self._static[u.url] = (u, group)
         self._upstreams: dict[str, Upstream] = {}
+        self._file: list[tuple[UpstreamConfig, str]] = []
+        self._discovered: list[tuple[UpstreamConfig, str]] = []
         self._reconcile(self._static)
 
     def set_dynamic(
         self, primary: Iterable[UpstreamConfig], fallback: Iterable[UpstreamConfig] = ()
     ) -> bool:
         """Replace the file's upstreams (static ones win on a clash); True if anything changed."""
+        self._file = [(u, g) for g, ups in ((PRIMARY, primary), (FALLBACK, fallback)) for u in ups]
+        return self._reconcile(self._wanted())
+
+    def set_discovered(self, urls: Iterable[str]) -> bool:
+        """Replace the upstreams found by DNS (primaries); True if anything changed."""
+        self._discovered = [(UpstreamConfig(url), PRIMARY) for url in urls]
+        return self._reconcile(self._wanted())
+
+    def _wanted(self) -> dict[str, tuple[UpstreamConfig, str]]:
         wanted = dict(self._static)
-        for group, ups in ((PRIMARY, primary), (FALLBACK, fallback)):
-            for u in ups:
-                wanted.setdefault(u.url, (u, group))
-        return self._reconcile(wanted)
+        for u, group in (*self._file, *self._discovered):
+            wanted.setdefault(u.url, (u, group))
+        return wanted
 
     def _reconcile(self, wanted: dict[str, tuple[UpstreamConfig, str]]) -> bool:
         changed = False

@@ -20,7 +20,9 @@ from surge.server.errors import (
 )
 from surge.unicode_check import body_has_lone_surrogate
 
-DEFAULT_EXEMPT_PATHS = frozenset({"/health", "/metrics", "/version"})
+DEFAULT_EXEMPT_PATHS = frozenset(
+    {"/health", "/health/live", "/health/ready", "/health/startup", "/metrics", "/version"}
+)
 
 
 async def _send_error(exc: SurgeHTTPError, scope: Scope, receive: Receive, send: Send) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from surge.autoscale.observe import add_observe_flags, observed_provider
 from surge.autoscale.providers.base import ReplicaStartError, ReplicaState
 from surge.autoscale.providers.observed import ObservedConfig, ObservedProvider
-from surge.discovery import DnsTarget
+from surge.discovery import DnsTarget, resolve
 from tests.autoscale.keda_client import generate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +68,19 @@ async def test_observed_provider_follows_the_resolver() -> None:
     assert kept["http://10.0.0.2:8000"] is first["http://10.0.0.2:8000"]  # same replica object
     with pytest.raises(ReplicaStartError):
         await provider.start()
+
+    def no_answer(t: DnsTarget) -> tuple[str, ...]:
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    provider._resolve = no_answer  # the DNS server stops answering for a while
+    await provider.refresh()
+    assert sorted(r.url for r in provider.replicas()) == sorted(kept)  # none dropped for it
+
+
+def test_resolve_tells_no_address_from_no_answer() -> None:
+    """A name with no address is an empty fleet; only a failure to ask raises (kept fleet)."""
+    assert resolve(DnsTarget("no-such-name.invalid", 8000)) == ()
+    assert resolve(DnsTarget("localhost", 8000)) != ()
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from surge.autoscale.providers.base import Replica, ReplicaStartError, ReplicaState
 from surge.discovery import DnsTarget, resolve
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +43,13 @@ class ObservedProvider:
     async def refresh(self) -> None:
         urls = set(self.config.upstreams)
         if self.config.discover is not None:
-            urls |= set(await asyncio.to_thread(self._resolve, self.config.discover))
+            try:
+                urls |= set(await asyncio.to_thread(self._resolve, self.config.discover))
+            except OSError as e:  # DNS did not answer: keep the replicas known until it does
+                log.warning(
+                    "DNS discovery failed (keeping %d replicas): %s", len(self._replicas), e
+                )
+                return
         now_s = self._clock()
         self._replicas = {
             url: self._replicas.get(url) or Replica(url, url, ReplicaState.READY, now_s)

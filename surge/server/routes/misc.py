@@ -60,6 +60,45 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+# Kubernetes probes. The HTTP port opens only once the engine has loaded the model (launch.py),
+# so a connection refused is "still starting" and any answer means the model is loaded.
+@router.get("/health/live")
+async def health_live(request: Request) -> Response:
+    """Liveness: 503 only when the engine is dead (restart me); 200 while draining."""
+    state = get_state(request)
+    if not state.client.healthy:
+        return _unhealthy(state)
+    return JSONResponse({"status": "ok", "draining": state.admission.draining})
+
+
+@router.get("/health/ready")
+async def health_ready(request: Request) -> Response:
+    """Readiness: 200 only when this replica should get traffic (loaded, engine alive, not
+    draining, admitting); 503 with the reason otherwise."""
+    state = get_state(request)
+    if not state.client.healthy:
+        return _unhealthy(state)
+    if state.admission.draining:
+        return JSONResponse({"status": "draining", "reason": "draining"}, status_code=503)
+    if not state.admission.ready:
+        return JSONResponse({"status": "not_ready", "reason": "not ready"}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/health/startup")
+async def health_startup(request: Request) -> Response:
+    """Startup: 200 once the model is loaded (the port is open), draining or not."""
+    state = get_state(request)
+    if not state.client.healthy:
+        return _unhealthy(state)
+    return JSONResponse({"status": "started", "model": state.config.served_model_name})
+
+
+def _unhealthy(state: ServerState) -> JSONResponse:
+    reason = state.client.dead_reason or "engine process is not running"
+    return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+
+
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     state = get_state(request)
