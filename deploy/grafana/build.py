@@ -121,6 +121,16 @@ def rows() -> list[tuple[str, list[dict[str, Any]]]]:
         panel("TPOT p99 per replica",
               quantiles("vllm:request_time_per_output_token_seconds", "instance", MI, (0.99,)),
               "s", slo=TPOT_SLO_S),
+        panel("Bottleneck per replica", [
+            q('max by (instance, kind) (surge:bottleneck{instance=~"$instance"}) == 1',
+              "{{instance}}: {{kind}}"),
+        ], kind="table", description="What limits each replica now (docs/observability-"
+           "diagnosis.md): compute, kv_memory, prefill, admission, api_process, idle, healthy."),
+        panel("Engine busy per replica (share of time in steps)", [
+            q(f"rate(surge:engine_step_seconds_total{{{MI}}}[{RI}]) / (rate(surge:engine_step_"
+              f"seconds_total{{{MI}}}[{RI}]) + rate(surge:engine_wait_seconds_total{{{MI}}}[{RI}]))",
+              "{{instance}}"),
+        ], "percentunit", "Time in engine steps against time blocked waiting for work."),
         panel("Engine alive per replica", [
             q(f"vllm:engine_healthy{{{MI}}}", "{{instance}}"),
         ], description="1: the engine process is alive; 0: dead (alert SurgeEngineDead)."),
