@@ -30,6 +30,7 @@ from surge.sampling_params import SamplingParams
 from surge.server.app import build_app
 from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
+from surge.server.queue_wait import EngineShape
 from surge.server.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,10 @@ async def serve(
     tracing = Tracing.start(server_config.tracing)
     state = ServerState.create(server_config, client, metrics, embeddings, tracing)
     state.sampling_defaults = defaults
+    sched = engine_config.scheduler
+    state.admission.shape = EngineShape(
+        sched.max_num_seqs, client.info.num_blocks * client.info.block_size, sched.policy
+    )
     if state.tool_parser is not None:
         log.info(
             'tool_choice "auto": %s tool calls, %s', state.tool_parser.name,

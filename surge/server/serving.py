@@ -35,6 +35,7 @@ from surge.server.errors import (
 from surge.server.generation import Event, RequestTiming, choice_index, generate_merged
 from surge.server.protocol import sampling_error
 from surge.server.protocol_responses import SSE_DONE, UsageInfo
+from surge.server.queue_wait import Work
 from surge.server.request_span import record_request_span
 from surge.server.state import ServerState
 from surge.server.tenancy import resolve_priority, resolve_tenant
@@ -133,6 +134,10 @@ class Job:
         if reasons and all(r != "abort" for r in reasons):
             self.finish_reason = "length" if "length" in reasons else "stop"
         t = self.timing
+        if t.first_token_s is not None and self.choices:
+            st.admission.backlog.observe_length(self.num_completion_tokens / len(self.choices))
+            if st.queue_wait is not None and self.ticket.estimate_s is not None:
+                st.queue_wait.observe_wait(self.ticket.estimate_s, t.first_token_s - t.arrival_s)
         if t.queued_s is not None:
             st.metrics.observe_overhead(t.queued_s - t.arrival_s)
         st.metrics.observe_request(
@@ -182,7 +187,21 @@ def start_job(
     # Rate limits per tenant where one is named, else per API key or client address.
     key = f"tenant:{tenant}" if tenant else client_key(request)
     reserve = (params.max_tokens or 0) * params.n * len(prompts)
-    ticket = state.admit(key, sum(len(p) for p in prompts), reserve, tenant=tenant)
+    num_prompt_tokens = sum(len(p) for p in prompts)
+    longest = max((len(p) for p in prompts), default=0)
+    work = Work(
+        prompt_tokens=num_prompt_tokens,
+        seqs=params.n * len(prompts),
+        decode_limit=params.max_tokens or max(1, state.max_model_len - longest),
+        priority=priority,
+        tenant=tenant,
+    )
+    bounds = [b for b in (state.config.queue_wait_bound_s, timeout_s) if b is not None]
+    arrival_s = getattr(request.state, "arrival_s", time.monotonic())
+    ticket = state.admit(
+        key, num_prompt_tokens, reserve, tenant=tenant, work=work,
+        max_wait_s=min(bounds, default=None), arrival_s=arrival_s,
+    )  # fmt: skip
     # The body's request_id, else the X-Request-Id header's (or the one made for it).
     rid = request_id or getattr(request.state, "request_id", None) or uuid.uuid4().hex
     job = Job(
@@ -192,7 +211,7 @@ def start_job(
         params=params,
         ticket=ticket,
         key=key,
-        timing=RequestTiming(arrival_s=getattr(request.state, "arrival_s", time.monotonic())),
+        timing=RequestTiming(arrival_s=arrival_s),
         tenant=tenant,
         priority=priority,
         cache_salt=cache_salt,
