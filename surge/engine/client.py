@@ -249,7 +249,8 @@ class AsyncEngineClient:
             self._stats = msg.stats
             st = msg.stats
             busy = st.num_running + st.num_waiting > 0
-            self.throughput.observe(time.monotonic(), st.prompt_tokens + st.generation_tokens, busy)
+            tokens = st.prompt_tokens + st.generation_tokens
+            self.throughput.observe(time.monotonic(), tokens, st.num_steps, busy)
             if len(self._iteration_tokens) < 100_000:  # bounded if nobody scrapes
                 self._iteration_tokens.extend(msg.stats.iteration_tokens)
             deltas, to_abort = self._processor.process(msg.outputs)

@@ -139,8 +139,9 @@ async def serve(
     state = ServerState.create(server_config, client, metrics, embeddings, tracing)
     state.sampling_defaults = defaults
     sched = engine_config.scheduler
+    kv_tokens = client.info.num_blocks * client.info.block_size
     state.admission.shape = EngineShape(
-        sched.max_num_seqs, client.info.num_blocks * client.info.block_size, sched.policy
+        sched.max_num_seqs, sched.max_num_batched_tokens, kv_tokens, sched.policy
     )
     if state.tool_parser is not None:
         log.info(

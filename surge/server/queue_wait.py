@@ -1,25 +1,28 @@
 """Deadline-aware admission: how long an arriving request would wait for its first token.
 
-The work ahead of it, in tokens, over the engine's measured throughput (tokens per busy second,
-engine/throughput.py):
+The tokens ahead of it, in engine steps, times the engine's measured busy seconds per step
+(engine/throughput.py). Counting steps rather than dividing by a token rate keeps the estimate
+right as the batch grows: a step of 64 sequences costs little more than a step of 2, so a token
+rate measured at low load would overstate the wait of a burst many times over.
 
-- the prompts still to prefill ahead of it, and its own;
-- when the batch has no free slot for it, the decodes that must finish first: each slot it
-  waits for costs one sequence's expected decode (the mean of the limits in flight, or of the
-  lengths recently generated when that is shorter), since a slot frees when a sequence ends.
+- Prefill: the prompts ahead of it and its own, at the step's token budget
+  (max_num_batched_tokens) less the running decodes that share each step.
+- Decodes: when the batch has no free slot for it, each slot it waits for frees when a sequence
+  ends: one sequence's expected decode (the mean of the limits in flight, or of the lengths
+  recently generated when shorter) spread over the batch's slots, in steps.
 
 "Ahead" follows the engine's policy: every admitted request without a first token (fcfs); those
 of the same or a more urgent priority (priority; aging ignored); under fair share, all of its own
 tenant's and as many of each other tenant's as its own tenant has (round robin between tenants).
 The batch's slots are max_num_seqs, or fewer when the KV pool holds fewer of the mean sequence.
 
-The estimate is deliberately on the pessimistic side (prompts cost as much as decodes, a prefix
-cache hit is not counted), so that an admitted request starts within the bound; the server
-exports the estimate against the wait it observed (surge:queue_wait_* metrics).
+Until the engine has stepped a few times nothing is measured, and only the count caps apply.
+The server exports each estimate against the wait it observed (surge:queue_wait_* metrics).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -28,6 +31,7 @@ class EngineShape:
     """What admission knows of the engine's batch: set once the engine is up."""
 
     max_num_seqs: int = 256
+    max_batched_tokens: int = 512  # one step's token budget
     kv_tokens: int | None = None  # the KV pool in tokens (blocks x block size); None: unbounded
     policy: str = "fcfs"  # the engine's scheduling policy (engine/policies.py)
 
@@ -116,9 +120,10 @@ class Backlog:
             tokens_ahead += tokens * take // seqs
         return seqs_ahead, tokens_ahead
 
-    def estimate_s(self, w: Work, shape: EngineShape, tokens_per_s: float | None) -> float | None:
-        """Seconds until `w`'s first token; None when it must queue for a slot and the engine's
-        throughput is not measured yet (0.0 when a slot is free and nothing is measured)."""
+    def estimate_s(self, w: Work, shape: EngineShape, step_s: float | None) -> float | None:
+        """Seconds until `w`'s first token; None until the engine's step time is measured."""
+        if step_s is None:
+            return None
         seqs = self._seqs + w.seqs
         limit_mean = (self._limits + w.decode_limit * w.seqs) / seqs
         length = limit_mean if self.mean_length is None else min(limit_mean, self.mean_length)
@@ -128,6 +133,7 @@ class Backlog:
             slots = min(slots, max(1, int(shape.kv_tokens // max(per_seq, 1.0))))
         seqs_ahead, prompts_ahead = self.ahead(w, shape.policy)
         slots_waited = max(0, seqs_ahead + 1 - max(0, slots - self.running_seqs))
-        if tokens_per_s is None:
-            return 0.0 if slots_waited == 0 else None
-        return (prompts_ahead + w.prompt_tokens + slots_waited * length) / tokens_per_s
+        budget = max(1, shape.max_batched_tokens - min(self.running_seqs, slots))
+        prefill_steps = math.ceil((prompts_ahead + w.prompt_tokens) / budget)
+        decode_steps = slots_waited * length / slots
+        return step_s * (prefill_steps + decode_steps)

@@ -27,6 +27,7 @@ from surge.sampling_params import SamplingParams
 from surge.server.admission import Admission
 from surge.server.errors import (
     BadRequestError,
+    RateLimitError,
     RequestTimeoutError,
     ServiceUnavailableError,
     SurgeHTTPError,
@@ -41,6 +42,14 @@ from surge.server.state import ServerState
 from surge.server.tenancy import resolve_priority, resolve_tenant
 
 log = logging.getLogger(__name__)
+
+
+class QueueWaitExceeded(Exception):
+    """An admitted request had no first token within the queue-wait bound: it is shed."""
+
+    def __init__(self, bound_s: float) -> None:
+        super().__init__(bound_s)
+        self.bound_s = bound_s
 
 
 @dataclass(slots=True)
@@ -75,13 +84,35 @@ class Job:
     error: str | None = None  # why it failed (timeout, engine error), for its span
     timeout_s: float | None = None  # the server's, or the shorter one the request asked for
     lora_name: str | None = None  # the LoRA adapter the request's `model` names
+    # The longest wait for a first token (--max-queue-wait or the request's timeout): past it
+    # the request is shed with a 429, so that none admitted waits longer. None: no bound.
+    max_queue_wait_s: float | None = None
 
     def events(self) -> AsyncIterator[Event]:
-        return generate_merged(
+        events = generate_merged(
             self.state.client, self.req_id, self.prompts, self.params, self.timing,
             priority=self.priority, tenant=self.tenant, cache_salt=self.cache_salt,
             lora_name=self.lora_name,
         )  # fmt: skip
+        return events if self.max_queue_wait_s is None else self._first_token_bounded(events)
+
+    async def _first_token_bounded(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+        """`events`, shed with QueueWaitExceeded when the first one comes too late."""
+        assert self.max_queue_wait_s is not None
+        try:
+            left = self.max_queue_wait_s - (time.monotonic() - self.timing.arrival_s)
+            try:
+                async with asyncio.timeout(max(0.0, left)):
+                    first = await anext(events)
+            except TimeoutError:
+                raise QueueWaitExceeded(self.max_queue_wait_s) from None
+            except StopAsyncIteration:
+                return
+            yield first
+            async for ev in events:
+                yield ev
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
 
     def apply(self, ev: Event) -> list[tuple[int, SequenceDelta]]:
         """Fold one event into the choices; return (choice index, delta) pairs."""
@@ -219,6 +250,7 @@ def start_job(
         operation=operation,
         timeout_s=timeout_s,
         lora_name=lora_name,
+        max_queue_wait_s=min(bounds, default=None),
         trace_context=tracing.extract(request.headers) if state.tracing.enabled else None,
     )
     return job
@@ -248,6 +280,13 @@ def delta_triples(d: SequenceDelta) -> list[tuple[int, float, tuple[tuple[int, f
 def _map_engine_error(exc: BaseException) -> SurgeHTTPError:
     if isinstance(exc, SurgeHTTPError):
         return exc
+    if isinstance(exc, QueueWaitExceeded):
+        return RateLimitError(
+            f"server overloaded: no first token within {exc.bound_s:g}s (--max-queue-wait, or "
+            "the request's own timeout); the request was dropped, retry later",
+            retry_after_s=exc.bound_s,
+            code="queue_wait_exceeded",
+        )
     if isinstance(exc, EngineRequestError):
         return BadRequestError(str(exc))
     if isinstance(exc, EngineDeadError):
@@ -255,6 +294,13 @@ def _map_engine_error(exc: BaseException) -> SurgeHTTPError:
     if isinstance(exc, (TimeoutError, RequestAbortedError)):
         return RequestTimeoutError("request timed out and was aborted", code="timeout")
     return ServiceUnavailableError(f"request failed: {exc}", retry_after_s=1)
+
+
+def _observe_abort(job: Job, exc: BaseException) -> None:
+    if isinstance(exc, TimeoutError):
+        job.state.metrics.observe_abort("timeout")
+    elif isinstance(exc, QueueWaitExceeded):
+        job.state.metrics.observe_abort("queue_wait")
 
 
 async def consume(
@@ -284,8 +330,7 @@ async def run_detached(
         job.state.metrics.observe_abort("cancelled")
         raise
     except Exception as exc:
-        if isinstance(exc, TimeoutError):
-            job.state.metrics.observe_abort("timeout")
+        _observe_abort(job, exc)
         err = _map_engine_error(exc)
         job.error = str(err.code or err.type)
         raise err from exc
@@ -307,8 +352,7 @@ async def run_to_completion(job: Job, request: Request) -> bool:
             return False
         exc = task.exception()
         if exc is not None:
-            if isinstance(exc, TimeoutError):
-                job.state.metrics.observe_abort("timeout")
+            _observe_abort(job, exc)
             err = _map_engine_error(exc)
             job.error = str(err.code or err.type)
             raise err
@@ -350,8 +394,7 @@ def stream_response(
             job.state.metrics.observe_abort("client_disconnect")
             raise
         except Exception as e:  # headers are sent: report in-band, then end the stream
-            if isinstance(e, TimeoutError):
-                job.state.metrics.observe_abort("timeout")
+            _observe_abort(job, e)
             err = _map_engine_error(e)
             job.error = str(err.code or err.type)
             yield f"data: {json.dumps(error_body(err))}\n\n"

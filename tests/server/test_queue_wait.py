@@ -10,38 +10,38 @@ from surge.server.errors import RateLimitError
 from surge.server.queue_wait import Backlog, EngineShape, Work
 
 
-def test_throughput_counts_busy_time_only_and_keeps_the_last_rate_while_idle() -> None:
+def test_meter_counts_busy_time_only_and_keeps_the_last_pace_while_idle() -> None:
     meter = ThroughputMeter(window_s=1.0)
-    assert meter.tokens_per_s is None
-    meter.observe(0.0, 0, busy=True)
-    meter.observe(0.1, 100, busy=True)  # 1000 tokens/s
-    meter.observe(0.2, 200, busy=False)  # the step that emptied the engine counts
-    meter.observe(50.0, 200, busy=True)  # 49.8 idle seconds: not counted
-    assert meter.tokens_per_s == pytest.approx(1000.0)
-    meter.observe(50.1, 250, busy=True)  # 500 tokens/s from now on
-    for i in range(2, 30):
-        meter.observe(50.0 + i / 10, 250 + 50 * (i - 1), busy=True)
-    assert meter.tokens_per_s == pytest.approx(500.0)  # the window forgot the faster steps
-    meter.observe(60.0, 0, busy=True)  # a restarted engine: counters from zero, no sample
-    assert meter.tokens_per_s == pytest.approx(500.0)
+    assert meter.step_s is None and meter.tokens_per_s is None
+    meter.observe(0.0, 0, 0, busy=True)
+    for i in range(1, 4):
+        meter.observe(i / 10, 100 * i, i, busy=True)  # 0.1 s steps of 100 tokens
+    meter.observe(0.4, 400, 4, busy=False)  # the step that emptied the engine counts
+    meter.observe(50.0, 400, 4, busy=True)  # 49.6 idle seconds: not counted
+    assert meter.step_s == pytest.approx(0.1) and meter.tokens_per_s == pytest.approx(1000.0)
+    for i in range(1, 30):
+        meter.observe(50.0 + i / 20, 400 + 10 * i, 4 + i, busy=True)  # 0.05 s steps now
+    assert meter.step_s == pytest.approx(0.05)  # the window forgot the slower steps
+    meter.observe(60.0, 0, 0, busy=True)  # a restarted engine: counters from zero, no sample
+    assert meter.step_s == pytest.approx(0.05)
 
 
-def test_free_slots_wait_only_for_prefill_and_a_full_batch_for_decodes() -> None:
-    shape = EngineShape(max_num_seqs=2)
+def test_free_slots_wait_for_prefill_steps_and_a_full_batch_for_decode_steps() -> None:
+    shape = EngineShape(max_num_seqs=2, max_batched_tokens=100)
     backlog = Backlog()
-    w = Work(prompt_tokens=100, decode_limit=50)
-    assert backlog.estimate_s(w, shape, 1000.0) == pytest.approx(0.1)  # its own prefill
-    assert backlog.estimate_s(w, shape, None) == 0.0  # a slot is free: no rate needed
+    w = Work(prompt_tokens=150, decode_limit=50)
+    assert backlog.estimate_s(w, shape, None) is None  # nothing measured: count caps only
+    assert backlog.estimate_s(w, shape, 0.01) == pytest.approx(0.02)  # its own 2 prefill steps
     for _ in range(2):
         backlog.add(w)
         backlog.start(w)
-    # Batch full: one slot to wait for, one sequence's decode (50) plus its own prompt (100).
-    assert backlog.estimate_s(w, shape, 1000.0) == pytest.approx(0.15)
-    assert backlog.estimate_s(w, shape, None) is None
-    backlog.add(w)  # one queued ahead: its prompt, and two slots to wait for
-    assert backlog.estimate_s(w, shape, 1000.0) == pytest.approx((200 + 2 * 50) / 1000)
+    # Batch full: one slot to wait for (50 decode tokens over 2 slots: 25 steps), and its own
+    # prefill at 98 tokens a step (2 steps).
+    assert backlog.estimate_s(w, shape, 0.01) == pytest.approx(0.27)
+    backlog.add(w)  # one queued ahead: its prompt too, and two slots to wait for
+    assert backlog.estimate_s(w, shape, 0.01) == pytest.approx((4 + 50) * 0.01)
     backlog.observe_length(10.0)  # sequences stop early: a slot costs what they generate
-    assert backlog.estimate_s(w, shape, 1000.0) == pytest.approx((200 + 2 * 10) / 1000)
+    assert backlog.estimate_s(w, shape, 0.01) == pytest.approx((4 + 10) * 0.01)
 
 
 def test_the_kv_pool_can_hold_fewer_sequences_than_max_num_seqs() -> None:
@@ -49,9 +49,10 @@ def test_the_kv_pool_can_hold_fewer_sequences_than_max_num_seqs() -> None:
     w = Work(prompt_tokens=100, decode_limit=100)
     backlog.add(w)
     backlog.start(w)
-    roomy, tight = EngineShape(max_num_seqs=8), EngineShape(max_num_seqs=8, kv_tokens=250)
-    assert backlog.estimate_s(w, roomy, 1000.0) == pytest.approx(0.1)
-    assert backlog.estimate_s(w, tight, 1000.0) == pytest.approx(0.2)  # one 200-token slot
+    roomy = EngineShape(max_num_seqs=8, max_batched_tokens=1000)
+    tight = EngineShape(max_num_seqs=8, max_batched_tokens=1000, kv_tokens=250)
+    assert backlog.estimate_s(w, roomy, 0.01) == pytest.approx(0.01)
+    assert backlog.estimate_s(w, tight, 0.01) == pytest.approx(1.01)  # one 200-token slot
 
 
 def test_policies_decide_who_is_ahead() -> None:
@@ -82,14 +83,15 @@ def test_controller_refuses_past_the_bound_with_the_estimate_as_retry_after() ->
     ac = AdmissionController(max_queued_requests=100)
     ac.shape = EngineShape(max_num_seqs=1)
     w = Work(prompt_tokens=10, decode_limit=1000)
-    first = ac.admit(10, work=w, max_wait_s=5.0, tokens_per_s=100.0)
-    assert first.estimate_s == pytest.approx(0.1)
+    first = ac.admit(10, work=w, max_wait_s=5.0, step_s=0.01)
+    assert first.estimate_s == pytest.approx(0.01)
     first.mark_started()
-    # Behind a 1000-token decode at 100 tokens/s: about 10 s, over the 5 s bound.
+    # Behind a 1000-step decode at 10 ms a step: about 10 s, over the 5 s bound.
     with pytest.raises(RateLimitError, match="estimated wait") as info:
-        ac.admit(10, work=w, max_wait_s=5.0, tokens_per_s=100.0)
+        ac.admit(10, work=w, max_wait_s=5.0, step_s=0.01)
     assert info.value.code == "queue_wait_exceeded" and info.value.status_code == 429
-    assert info.value.headers["Retry-After"] == "11"  # 10.1 s, rounded up
+    assert info.value.headers["Retry-After"] == "11"  # 10.01 s, rounded up
     assert ac.pending_requests == 0 and ac.in_flight == 1  # the refusal left nothing behind
-    ac.admit(10, work=w, max_wait_s=60.0, tokens_per_s=100.0)  # a looser bound admits it
-    ac.admit(10, work=w, max_wait_s=None, tokens_per_s=100.0)  # no bound: count caps only
+    ac.admit(10, work=w, max_wait_s=60.0, step_s=0.01)  # a looser bound admits it
+    ac.admit(10, work=w, max_wait_s=None, step_s=0.01)  # no bound: count caps only
+    ac.admit(10, work=w, max_wait_s=5.0, step_s=None)  # nothing measured: count caps only
