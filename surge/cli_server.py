@@ -50,7 +50,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="seconds: refuse (429) a request whose estimated wait for its first token is "
-        "longer (default: --request-timeout / 20; 0 = no bound, only the count caps)",
+        "longer, and shed one still without it by then (default: --request-timeout, at most "
+        "30; 0 = no bound, only the count caps)",
     )
     g.add_argument("--drain-timeout", type=float, default=30.0, help="seconds")
     g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)

@@ -250,10 +250,18 @@ def start_job(
         operation=operation,
         timeout_s=timeout_s,
         lora_name=lora_name,
-        max_queue_wait_s=min(bounds, default=None),
+        max_queue_wait_s=_shed_after(state.config.queue_wait_bound_s, timeout_s),
         trace_context=tracing.extract(request.headers) if state.tracing.enabled else None,
     )
     return job
+
+
+def _shed_after(bound_s: float | None, timeout_s: float | None) -> float | None:
+    """When to shed a request with no first token: at the queue-wait bound, unless its timeout
+    comes first or at the same time (then it times out, a 504, as it always has)."""
+    if bound_s is None or (timeout_s is not None and timeout_s <= bound_s):
+        return None
+    return bound_s
 
 
 class StreamedTokenIds:
