@@ -5,7 +5,7 @@ The tokens ahead of it, in engine steps, times the engine's measured busy second
 right as the batch grows: a step of 64 sequences costs little more than a step of 2, so a token
 rate measured at low load would overstate the wait of a burst many times over.
 
-- Prefill: the prompts ahead of it and its own, at the step's token budget
+- Prefill: the prompts ahead of it (its own is not counted), at the step's token budget
   (max_num_batched_tokens) less the running decodes that share each step.
 - Decodes: when the batch has no free slot for it, each slot it waits for frees when a sequence
   ends: one sequence's expected decode (the mean of the limits in flight, or of the lengths
@@ -121,7 +121,8 @@ class Backlog:
         return seqs_ahead, tokens_ahead
 
     def estimate_s(self, w: Work, shape: EngineShape, step_s: float | None) -> float | None:
-        """Seconds until `w`'s first token; None until the engine's step time is measured."""
+        """Seconds until `w` is scheduled (its own prefill, a step or so, is not counted: a
+        lone request is never refused); None until the engine's step time is measured."""
         if step_s is None:
             return None
         seqs = self._seqs + w.seqs
@@ -134,6 +135,6 @@ class Backlog:
         seqs_ahead, prompts_ahead = self.ahead(w, shape.policy)
         slots_waited = max(0, seqs_ahead + 1 - max(0, slots - self.running_seqs))
         budget = max(1, shape.max_batched_tokens - min(self.running_seqs, slots))
-        prefill_steps = math.ceil((prompts_ahead + w.prompt_tokens) / budget)
+        prefill_steps = math.ceil(prompts_ahead / budget)
         decode_steps = slots_waited * length / slots
         return step_s * (prefill_steps + decode_steps)

@@ -31,17 +31,16 @@ def test_free_slots_wait_for_prefill_steps_and_a_full_batch_for_decode_steps() -
     backlog = Backlog()
     w = Work(prompt_tokens=150, decode_limit=50)
     assert backlog.estimate_s(w, shape, None) is None  # nothing measured: count caps only
-    assert backlog.estimate_s(w, shape, 0.01) == pytest.approx(0.02)  # its own 2 prefill steps
+    assert backlog.estimate_s(w, shape, 0.01) == 0.0  # nothing ahead: it starts at once
     for _ in range(2):
         backlog.add(w)
         backlog.start(w)
-    # Batch full: one slot to wait for (50 decode tokens over 2 slots: 25 steps), and its own
-    # prefill at 98 tokens a step (2 steps).
-    assert backlog.estimate_s(w, shape, 0.01) == pytest.approx(0.27)
-    backlog.add(w)  # one queued ahead: its prompt too, and two slots to wait for
-    assert backlog.estimate_s(w, shape, 0.01) == pytest.approx((4 + 50) * 0.01)
+    # Batch full: one slot to wait for (50 decode tokens over 2 slots: 25 steps).
+    assert backlog.estimate_s(w, shape, 0.01) == pytest.approx(0.25)
+    backlog.add(w)  # one queued ahead: its prompt (98 tokens a step: 2), and two slots
+    assert backlog.estimate_s(w, shape, 0.01) == pytest.approx((2 + 50) * 0.01)
     backlog.observe_length(10.0)  # sequences stop early: a slot costs what they generate
-    assert backlog.estimate_s(w, shape, 0.01) == pytest.approx((4 + 10) * 0.01)
+    assert backlog.estimate_s(w, shape, 0.01) == pytest.approx((2 + 10) * 0.01)
 
 
 def test_the_kv_pool_can_hold_fewer_sequences_than_max_num_seqs() -> None:
@@ -51,8 +50,8 @@ def test_the_kv_pool_can_hold_fewer_sequences_than_max_num_seqs() -> None:
     backlog.start(w)
     roomy = EngineShape(max_num_seqs=8, max_batched_tokens=1000)
     tight = EngineShape(max_num_seqs=8, max_batched_tokens=1000, kv_tokens=250)
-    assert backlog.estimate_s(w, roomy, 0.01) == pytest.approx(0.01)
-    assert backlog.estimate_s(w, tight, 0.01) == pytest.approx(1.01)  # one 200-token slot
+    assert backlog.estimate_s(w, roomy, 0.01) == 0.0
+    assert backlog.estimate_s(w, tight, 0.01) == pytest.approx(1.0)  # one 200-token slot
 
 
 def test_policies_decide_who_is_ahead() -> None:
@@ -84,13 +83,13 @@ def test_controller_refuses_past_the_bound_with_the_estimate_as_retry_after() ->
     ac.shape = EngineShape(max_num_seqs=1)
     w = Work(prompt_tokens=10, decode_limit=1000)
     first = ac.admit(10, work=w, max_wait_s=5.0, step_s=0.01)
-    assert first.estimate_s == pytest.approx(0.01)
+    assert first.estimate_s == 0.0
     first.mark_started()
     # Behind a 1000-step decode at 10 ms a step: about 10 s, over the 5 s bound.
     with pytest.raises(RateLimitError, match="estimated wait") as info:
         ac.admit(10, work=w, max_wait_s=5.0, step_s=0.01)
     assert info.value.code == "queue_wait_exceeded" and info.value.status_code == 429
-    assert info.value.headers["Retry-After"] == "11"  # 10.01 s, rounded up
+    assert info.value.headers["Retry-After"] == "10"  # 1000 steps of 10 ms
     assert ac.pending_requests == 0 and ac.in_flight == 1  # the refusal left nothing behind
     ac.admit(10, work=w, max_wait_s=60.0, step_s=0.01)  # a looser bound admits it
     ac.admit(10, work=w, max_wait_s=None, step_s=0.01)  # no bound: count caps only
