@@ -37,4 +37,3 @@ def test_short_soak_passes_its_criteria(tiny_model_dir: Path, tmp_path: Path) ->
     load = [s for s in result["samples"] if s["phase"] == "load"]
     assert len(load) >= minutes * 4 - 1
     assert sum(s["finished"] for s in load) > 0
-    assert max(s["prefix_cache_blocks"] for s in load) > 0  # tenants' prompts were cached
