@@ -45,6 +45,14 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests-per-minute", type=int, default=None, help="per API key")
     g.add_argument("--tokens-per-minute", type=int, default=None, help="per API key")
     g.add_argument("--request-timeout", type=float, default=600.0, help="seconds; 0 = none")
+    g.add_argument(
+        "--max-queue-wait",
+        type=float,
+        default=None,
+        help="seconds: refuse (429) a request whose estimated wait for its first token is "
+        "longer, and shed one still without it by then (default: --request-timeout, at most "
+        "30; 0 = no bound, only the count caps)",
+    )
     g.add_argument("--drain-timeout", type=float, default=30.0, help="seconds")
     g.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
     g.add_argument("--default-max-tokens", type=int, default=None)
@@ -167,6 +175,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         requests_per_minute=args.requests_per_minute,
         tokens_per_minute=args.tokens_per_minute,
         request_timeout_s=args.request_timeout or None,
+        max_queue_wait_s=args.max_queue_wait,
         drain_timeout_s=args.drain_timeout,
         max_body_bytes=args.max_body_bytes,
         default_max_tokens=args.default_max_tokens,

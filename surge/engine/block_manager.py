@@ -51,6 +51,11 @@ class BlockManager:
         """Fraction of blocks referenced by some request (0.0 when no request holds any)."""
         return (self.num_blocks - len(self._free)) / self.num_blocks
 
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks the prefix cache can find by hash (held by a request or free to evict)."""
+        return len(self._index)
+
     def free_block_ids(self) -> list[int]:
         """The free queue, front (next to be reused/evicted) first. For tests and debugging."""
         return list(self._free)

@@ -238,6 +238,7 @@ class EngineCore:
             block_size=self.plan.block_size,
             prefix_cache_queries=self.blocks.prefix_cache_queries,
             prefix_cache_hits=self.blocks.prefix_cache_hits,
+            prefix_cache_blocks=self.blocks.num_cached_blocks,
             num_preemptions=sched.num_preemptions,
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,

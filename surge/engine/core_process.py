@@ -39,7 +39,13 @@ def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=os.environ.get("SURGE_LOG_LEVEL", "INFO").upper())
     try:
-        engine = EngineCore(config)
+        try:
+            engine = EngineCore(config)
+        except (ValueError, OSError) as e:  # a bad or unreadable model: one line, no traceback
+            log.error("engine could not start: %s", e)
+            with contextlib.suppress(OSError, BrokenPipeError):
+                outbox.send(Fatal(str(e)))
+            raise SystemExit(1) from None
         outbox.send(
             Ready(
                 model_path=str(engine.files.path),

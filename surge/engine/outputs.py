@@ -49,6 +49,7 @@ class EngineStats:
     block_size: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    prefix_cache_blocks: int = 0  # blocks the prefix cache holds now (a gauge)
     num_preemptions: int = 0
     prompt_tokens: int = 0  # counters since start
     generation_tokens: int = 0

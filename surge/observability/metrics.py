@@ -125,6 +125,9 @@ class ServerMetrics:
         self.kv_cache_usage = Gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage, 1 means 100 percent.", m, registry=reg
         )
+        self.prefix_cache_blocks = Gauge(
+            "surge:prefix_cache_blocks", "KV blocks the prefix cache holds.", m, registry=reg
+        )
         self.engine_counters = {
             field: Counter(name, doc, m, registry=reg) for field, name, doc in _ENGINE_COUNTERS
         }
@@ -312,6 +315,7 @@ class ServerMetrics:
         self.num_running.labels(name).set(stats.num_running)
         self.num_waiting.labels(name).set(stats.num_waiting)
         self.kv_cache_usage.labels(name).set(stats.kv_cache_usage)
+        self.prefix_cache_blocks.labels(name).set(stats.prefix_cache_blocks)
         with self._lock:
             for field, counter in self.engine_counters.items():
                 value: float = getattr(stats, field)

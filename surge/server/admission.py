@@ -7,10 +7,12 @@ counts those itself so a burst cannot slip past the bound between admit and add_
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from types import TracebackType
 
 from surge.server.errors import RateLimitError, ServiceUnavailableError
+from surge.server.queue_wait import Backlog, EngineShape, Work
 
 
 class _State(Enum):
@@ -24,10 +26,19 @@ class Admission:
     however many paths (finally blocks, disconnect callbacks) try; use it as a context manager.
     """
 
-    def __init__(self, controller: AdmissionController, num_tokens: int, tenant: str = "") -> None:
+    def __init__(
+        self,
+        controller: AdmissionController,
+        num_tokens: int,
+        tenant: str = "",
+        work: Work | None = None,
+        estimate_s: float | None = None,
+    ) -> None:
         self._controller = controller
         self.num_tokens = num_tokens
         self.tenant = tenant
+        self.work = work if work is not None else Work(num_tokens, tenant=tenant)
+        self.estimate_s = estimate_s  # the wait for a first token estimated at admission
         self._state = _State.PENDING
 
     @property
@@ -39,13 +50,16 @@ class Admission:
         if self._state is _State.PENDING:
             self._state = _State.STARTED
             self._controller._leave_pending(self)
+            self._controller.backlog.start(self.work)
 
     def release(self) -> None:
         """Call when the request finished, failed or was aborted."""
         if self._state is _State.RELEASED:
             return
-        if self._state is _State.PENDING:
+        started = self._state is _State.STARTED
+        if not started:
             self._controller._leave_pending(self)
+        self._controller.backlog.release(self.work, started)
         self._state = _State.RELEASED
         self._controller._on_released()
 
@@ -94,6 +108,9 @@ class AdmissionController:
         self._pending_requests = 0
         self._pending_tokens = 0
         self._in_flight = 0
+        self.backlog = Backlog()
+        self.shape = EngineShape()  # the engine's batch, set once it is up
+        self.last_estimate_s: float | None = None
 
     @property
     def draining(self) -> bool:
@@ -134,9 +151,21 @@ class AdmissionController:
             )
 
     def admit(
-        self, num_tokens: int, num_waiting: int = 0, waiting_tokens: int = 0, tenant: str = ""
+        self,
+        num_tokens: int,
+        num_waiting: int = 0,
+        waiting_tokens: int = 0,
+        tenant: str = "",
+        *,
+        work: Work | None = None,
+        max_wait_s: float | None = None,
+        step_s: float | None = None,
     ) -> Admission:
         """Admit one request of `num_tokens` prompt tokens, or raise 429/503.
+
+        `max_wait_s`: refuse (429, Retry-After the estimated wait) a request whose estimated
+        wait for its first token (queue_wait.py; `work` describes it, `step_s` is the engine's
+        measured busy seconds per step) exceeds it. The count bounds below stay as a backstop.
 
         `tenant`: with `max_queued_per_tenant` set, one tenant may hold at most that many of the
         queued requests, so a single tenant cannot fill the shared queue ("" is a tenant too).
@@ -166,6 +195,17 @@ class AdmissionController:
                 retry_after_s=self.retry_after_s,
                 code="queue_full",
             )
+        work = work if work is not None else Work(num_tokens, tenant=tenant)
+        estimate = self.backlog.estimate_s(work, self.shape, step_s)
+        self.last_estimate_s = estimate  # for the metrics, admitted or refused
+        if max_wait_s is not None and estimate is not None and estimate > max_wait_s:
+            raise RateLimitError(
+                f"server overloaded: the estimated wait for a first token is {estimate:.1f}s, "
+                f"over this server's limit of {max_wait_s:g}s (--max-queue-wait, or the "
+                f"request's own timeout); retry in {math.ceil(estimate)}s",
+                retry_after_s=float(math.ceil(estimate)),
+                code="queue_wait_exceeded",
+            )
         mine = self._pending_by_tenant.get(tenant, 0)
         if self.max_queued_per_tenant is not None and mine + 1 > self.max_queued_per_tenant:
             raise RateLimitError(
@@ -178,7 +218,8 @@ class AdmissionController:
         self._pending_tokens += num_tokens
         self._pending_by_tenant[tenant] = mine + 1
         self._in_flight += 1
-        return Admission(self, num_tokens, tenant)
+        self.backlog.add(work)
+        return Admission(self, num_tokens, tenant, work, estimate)
 
     def _leave_pending(self, ticket: Admission) -> None:
         self._pending_requests -= 1

@@ -10,6 +10,8 @@ from surge.observability.tracing import TracingConfig
 from surge.server.reasoning import PARSERS as REASONING_PARSERS
 from surge.server.tool_parsers import PARSERS
 
+DEFAULT_QUEUE_WAIT_S = 30.0
+
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -27,6 +29,12 @@ class ServerConfig:
     requests_per_minute: int | None = None  # per API key (or client) rate limits
     tokens_per_minute: int | None = None
     request_timeout_s: float | None = 600.0  # None: no timeout
+    # Refuse (429) a request whose estimated wait for its first token is longer (queue_wait.py),
+    # and shed one admitted that still has none by then. None: the request timeout, at most
+    # DEFAULT_QUEUE_WAIT_S (a request that would time out before its first token is refused at
+    # once rather than after its timeout; 30 s is a twentieth of the default 600 s timeout);
+    # 0: no bound (count caps only). A request's own timeout header bounds it too.
+    max_queue_wait_s: float | None = None
     # A client (or a gateway, with what is left of its own deadline) may ask for less, never
     # more, in this header: seconds, a decimal number.
     timeout_header: str = TIMEOUT_HEADER
@@ -63,7 +71,18 @@ class ServerConfig:
     # the API process); 0 stores none.
     responses_store_max: int = 1000
 
+    @property
+    def queue_wait_bound_s(self) -> float | None:
+        """The wait for a first token past which admission refuses; None: no bound."""
+        if self.max_queue_wait_s is not None:
+            return self.max_queue_wait_s or None
+        if self.request_timeout_s is None:
+            return DEFAULT_QUEUE_WAIT_S
+        return min(self.request_timeout_s, DEFAULT_QUEUE_WAIT_S)
+
     def __post_init__(self) -> None:
+        if self.max_queue_wait_s is not None and self.max_queue_wait_s < 0:
+            raise ValueError(f"max_queue_wait_s must be >= 0, got {self.max_queue_wait_s}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.max_queued_requests < 1:

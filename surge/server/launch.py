@@ -31,6 +31,7 @@ from surge.server.app import build_app
 from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
 from surge.server.monitor import LiveMonitor
+from surge.server.queue_wait import EngineShape
 from surge.server.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,11 @@ async def serve(
     tracing = Tracing.start(server_config.tracing)
     state = ServerState.create(server_config, client, metrics, embeddings, tracing)
     state.sampling_defaults = defaults
+    sched = engine_config.scheduler
+    kv_tokens = client.info.num_blocks * client.info.block_size
+    state.admission.shape = EngineShape(
+        sched.max_num_seqs, sched.max_num_batched_tokens, kv_tokens, sched.policy
+    )
     if state.tool_parser is not None:
         log.info(
             'tool_choice "auto": %s tool calls, %s', state.tool_parser.name,

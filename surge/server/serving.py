@@ -27,6 +27,7 @@ from surge.sampling_params import SamplingParams
 from surge.server.admission import Admission
 from surge.server.errors import (
     BadRequestError,
+    RateLimitError,
     RequestTimeoutError,
     ServiceUnavailableError,
     SurgeHTTPError,
@@ -35,11 +36,20 @@ from surge.server.errors import (
 from surge.server.generation import Event, RequestTiming, choice_index, generate_merged
 from surge.server.protocol import sampling_error
 from surge.server.protocol_responses import SSE_DONE, UsageInfo
+from surge.server.queue_wait import Work
 from surge.server.request_span import record_request_span
 from surge.server.state import ServerState
 from surge.server.tenancy import resolve_priority, resolve_tenant
 
 log = logging.getLogger(__name__)
+
+
+class QueueWaitExceeded(Exception):
+    """An admitted request had no first token within the queue-wait bound: it is shed."""
+
+    def __init__(self, bound_s: float) -> None:
+        super().__init__(bound_s)
+        self.bound_s = bound_s
 
 
 @dataclass(slots=True)
@@ -74,13 +84,35 @@ class Job:
     error: str | None = None  # why it failed (timeout, engine error), for its span
     timeout_s: float | None = None  # the server's, or the shorter one the request asked for
     lora_name: str | None = None  # the LoRA adapter the request's `model` names
+    # The longest wait for a first token (--max-queue-wait or the request's timeout): past it
+    # the request is shed with a 429, so that none admitted waits longer. None: no bound.
+    max_queue_wait_s: float | None = None
 
     def events(self) -> AsyncIterator[Event]:
-        return generate_merged(
+        events = generate_merged(
             self.state.client, self.req_id, self.prompts, self.params, self.timing,
             priority=self.priority, tenant=self.tenant, cache_salt=self.cache_salt,
             lora_name=self.lora_name,
         )  # fmt: skip
+        return events if self.max_queue_wait_s is None else self._first_token_bounded(events)
+
+    async def _first_token_bounded(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+        """`events`, shed with QueueWaitExceeded when the first one comes too late."""
+        assert self.max_queue_wait_s is not None
+        try:
+            left = self.max_queue_wait_s - (time.monotonic() - self.timing.arrival_s)
+            try:
+                async with asyncio.timeout(max(0.0, left)):
+                    first = await anext(events)
+            except TimeoutError:
+                raise QueueWaitExceeded(self.max_queue_wait_s) from None
+            except StopAsyncIteration:
+                return
+            yield first
+            async for ev in events:
+                yield ev
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
 
     def apply(self, ev: Event) -> list[tuple[int, SequenceDelta]]:
         """Fold one event into the choices; return (choice index, delta) pairs."""
@@ -133,6 +165,10 @@ class Job:
         if reasons and all(r != "abort" for r in reasons):
             self.finish_reason = "length" if "length" in reasons else "stop"
         t = self.timing
+        if t.first_token_s is not None and self.choices:
+            st.admission.backlog.observe_length(self.num_completion_tokens / len(self.choices))
+            if st.queue_wait is not None and self.ticket.estimate_s is not None:
+                st.queue_wait.observe_wait(self.ticket.estimate_s, t.first_token_s - t.arrival_s)
         if t.queued_s is not None:
             st.metrics.observe_overhead(t.queued_s - t.arrival_s)
         st.metrics.observe_request(
@@ -182,7 +218,21 @@ def start_job(
     # Rate limits per tenant where one is named, else per API key or client address.
     key = f"tenant:{tenant}" if tenant else client_key(request)
     reserve = (params.max_tokens or 0) * params.n * len(prompts)
-    ticket = state.admit(key, sum(len(p) for p in prompts), reserve, tenant=tenant)
+    num_prompt_tokens = sum(len(p) for p in prompts)
+    longest = max((len(p) for p in prompts), default=0)
+    work = Work(
+        prompt_tokens=num_prompt_tokens,
+        seqs=params.n * len(prompts),
+        decode_limit=params.max_tokens or max(1, state.max_model_len - longest),
+        priority=priority,
+        tenant=tenant,
+    )
+    bounds = [b for b in (state.config.queue_wait_bound_s, timeout_s) if b is not None]
+    arrival_s = getattr(request.state, "arrival_s", time.monotonic())
+    ticket = state.admit(
+        key, num_prompt_tokens, reserve, tenant=tenant, work=work,
+        max_wait_s=min(bounds, default=None), arrival_s=arrival_s,
+    )  # fmt: skip
     # The body's request_id, else the X-Request-Id header's (or the one made for it).
     rid = request_id or getattr(request.state, "request_id", None) or uuid.uuid4().hex
     job = Job(
@@ -192,7 +242,7 @@ def start_job(
         params=params,
         ticket=ticket,
         key=key,
-        timing=RequestTiming(arrival_s=getattr(request.state, "arrival_s", time.monotonic())),
+        timing=RequestTiming(arrival_s=arrival_s),
         tenant=tenant,
         priority=priority,
         cache_salt=cache_salt,
@@ -200,9 +250,18 @@ def start_job(
         operation=operation,
         timeout_s=timeout_s,
         lora_name=lora_name,
+        max_queue_wait_s=_shed_after(state.config.queue_wait_bound_s, timeout_s),
         trace_context=tracing.extract(request.headers) if state.tracing.enabled else None,
     )
     return job
+
+
+def _shed_after(bound_s: float | None, timeout_s: float | None) -> float | None:
+    """When to shed a request with no first token: at the queue-wait bound, unless its timeout
+    comes first or at the same time (then it times out, a 504, as it always has)."""
+    if bound_s is None or (timeout_s is not None and timeout_s <= bound_s):
+        return None
+    return bound_s
 
 
 class StreamedTokenIds:
@@ -229,6 +288,13 @@ def delta_triples(d: SequenceDelta) -> list[tuple[int, float, tuple[tuple[int, f
 def _map_engine_error(exc: BaseException) -> SurgeHTTPError:
     if isinstance(exc, SurgeHTTPError):
         return exc
+    if isinstance(exc, QueueWaitExceeded):
+        return RateLimitError(
+            f"server overloaded: no first token within {exc.bound_s:g}s (--max-queue-wait, or "
+            "the request's own timeout); the request was dropped, retry later",
+            retry_after_s=exc.bound_s,
+            code="queue_wait_exceeded",
+        )
     if isinstance(exc, EngineRequestError):
         return BadRequestError(str(exc))
     if isinstance(exc, EngineDeadError):
@@ -236,6 +302,13 @@ def _map_engine_error(exc: BaseException) -> SurgeHTTPError:
     if isinstance(exc, (TimeoutError, RequestAbortedError)):
         return RequestTimeoutError("request timed out and was aborted", code="timeout")
     return ServiceUnavailableError(f"request failed: {exc}", retry_after_s=1)
+
+
+def _observe_abort(job: Job, exc: BaseException) -> None:
+    if isinstance(exc, TimeoutError):
+        job.state.metrics.observe_abort("timeout")
+    elif isinstance(exc, QueueWaitExceeded):
+        job.state.metrics.observe_abort("queue_wait")
 
 
 async def consume(
@@ -265,8 +338,7 @@ async def run_detached(
         job.state.metrics.observe_abort("cancelled")
         raise
     except Exception as exc:
-        if isinstance(exc, TimeoutError):
-            job.state.metrics.observe_abort("timeout")
+        _observe_abort(job, exc)
         err = _map_engine_error(exc)
         job.error = str(err.code or err.type)
         raise err from exc
@@ -288,8 +360,7 @@ async def run_to_completion(job: Job, request: Request) -> bool:
             return False
         exc = task.exception()
         if exc is not None:
-            if isinstance(exc, TimeoutError):
-                job.state.metrics.observe_abort("timeout")
+            _observe_abort(job, exc)
             err = _map_engine_error(exc)
             job.error = str(err.code or err.type)
             raise err
@@ -331,8 +402,7 @@ def stream_response(
             job.state.metrics.observe_abort("client_disconnect")
             raise
         except Exception as e:  # headers are sent: report in-band, then end the stream
-            if isinstance(e, TimeoutError):
-                job.state.metrics.observe_abort("timeout")
+            _observe_abort(job, e)
             err = _map_engine_error(e)
             job.error = str(err.code or err.type)
             yield f"data: {json.dumps(error_body(err))}\n\n"

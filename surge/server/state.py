@@ -12,12 +12,14 @@ from surge.deadline import parse_timeout
 from surge.engine.client import AsyncEngineClient
 from surge.models.tokenizer import Tokenizer
 from surge.observability.metrics import ServerMetrics
+from surge.observability.queue_wait_metrics import QueueWaitMetrics
 from surge.observability.tracing import Tracing
 from surge.server.admission import Admission, AdmissionController
 from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
 from surge.server.errors import BadRequestError, NotFoundError, RateLimitError, SurgeHTTPError
 from surge.server.event_log import EventLogs
+from surge.server.queue_wait import Work
 from surge.server.rate_limit import RateLimiter
 from surge.server.reasoning import PARSERS as REASONING_PARSERS
 from surge.server.reasoning import ReasoningParser
@@ -43,6 +45,7 @@ class ServerState:
     streams: EventLogs = field(default_factory=EventLogs)  # streamed background responses' events
     # The model's recommended sampling for fields a request leaves out (generation_config.py).
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    queue_wait: QueueWaitMetrics | None = None  # admission's wait estimates against the waits
 
     @classmethod
     def create(
@@ -69,6 +72,7 @@ class ServerState:
             tool_parser=_tool_parser(config, client.tokenizer.chat_template),
             responses=ResponseStore(config.responses_store_max),
             reasoning=REASONING_PARSERS.get(config.reasoning_parser or ""),
+            queue_wait=QueueWaitMetrics(metrics.model_name, metrics.registry),
         )
 
     @property
@@ -114,18 +118,39 @@ class ServerState:
         return self.admission.in_flight + embedding
 
     def admit(
-        self, key: str, num_prompt_tokens: int, reserve_tokens: int, tenant: str = ""
+        self,
+        key: str,
+        num_prompt_tokens: int,
+        reserve_tokens: int,
+        tenant: str = "",
+        *,
+        work: Work | None = None,
+        max_wait_s: float | None = None,
+        arrival_s: float | None = None,
     ) -> Admission:
-        """Rate limits per key, then the queue bounds; raises 429/503 with Retry-After."""
+        """Rate limits per key, then the queue bounds and the wait estimate against
+        `max_wait_s`; raises 429/503 with Retry-After."""
         self.metrics.observe_received()
+        self.admission.last_estimate_s = None
         try:
             self._check_rate(key, num_prompt_tokens + reserve_tokens)
             # The server's own count of admitted requests without a first token is exact and
             # current; the engine's waiting gauge lags by a step and is a subset of it.
-            return self.admission.admit(num_prompt_tokens, tenant=tenant)
+            ticket = self.admission.admit(
+                num_prompt_tokens, tenant=tenant, work=work, max_wait_s=max_wait_s,
+                step_s=self.client.throughput.step_s,
+            )  # fmt: skip
         except SurgeHTTPError as e:
             self.metrics.observe_rejection(str(e.code or e.type))
+            if self.queue_wait is not None:
+                if arrival_s is not None:
+                    self.queue_wait.observe_refusal(time.monotonic() - arrival_s)
+                if self.admission.last_estimate_s is not None:
+                    self.queue_wait.observe_estimate(self.admission.last_estimate_s, False)
             raise
+        if self.queue_wait is not None and ticket.estimate_s is not None:
+            self.queue_wait.observe_estimate(ticket.estimate_s, True)
+        return ticket
 
     def check_embedding_request(self, key: str, num_tokens: int) -> None:
         """What an embedding request passes besides its own queue: open, within rate limits."""

@@ -15,8 +15,8 @@ from tests.servers import free_port
 
 
 class GatewayProcess:
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
+    def __init__(self, *args: str, port: int | None = None) -> None:
+        self.port = port if port is not None else free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # Named apart from later processes given the same port (their logs would overwrite).
         tmp = Path(os.environ.get("TMPDIR", "/tmp"))

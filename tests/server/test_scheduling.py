@@ -43,6 +43,7 @@ def priority_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
     server = ServerProcess(
         tiny_model_dir, "--dtype", "float32", "--scheduling-policy", "priority",
         "--max-num-seqs", "1", "--priority-aging-s", "60",
+        "--max-queue-wait", "0",  # the order is the subject, not shedding a long queue wait
     )  # fmt: skip
     yield server
     server.stop()
@@ -53,6 +54,7 @@ def fair_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
     server = ServerProcess(
         tiny_model_dir, "--dtype", "float32", "--scheduling-policy", "fair",
         "--max-num-seqs", "1", "--max-queued-requests-per-tenant", "4",
+        "--max-queue-wait", "0",  # the order is the subject, not shedding a long queue wait
     )  # fmt: skip
     yield server
     server.stop()

@@ -1,0 +1,140 @@
+"""Deadline-aware admission: how long an arriving request would wait for its first token.
+
+The tokens ahead of it, in engine steps, times the engine's measured busy seconds per step
+(engine/throughput.py). Counting steps rather than dividing by a token rate keeps the estimate
+right as the batch grows: a step of 64 sequences costs little more than a step of 2, so a token
+rate measured at low load would overstate the wait of a burst many times over.
+
+- Prefill: the prompts ahead of it (its own is not counted), at the step's token budget
+  (max_num_batched_tokens) less the running decodes that share each step.
+- Decodes: when the batch has no free slot for it, each slot it waits for frees when a sequence
+  ends: one sequence's expected decode (the mean of the limits in flight, or of the lengths
+  recently generated when shorter) spread over the batch's slots, in steps.
+
+"Ahead" follows the engine's policy: every admitted request without a first token (fcfs); those
+of the same or a more urgent priority (priority; aging ignored); under fair share, all of its own
+tenant's and as many of each other tenant's as its own tenant has (round robin between tenants).
+The batch's slots are max_num_seqs, or fewer when the KV pool holds fewer of the mean sequence.
+
+Until the engine has stepped a few times nothing is measured, and only the count caps apply.
+The server exports each estimate against the wait it observed (surge:queue_wait_* metrics).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineShape:
+    """What admission knows of the engine's batch: set once the engine is up."""
+
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 512  # one step's token budget
+    kv_tokens: int | None = None  # the KV pool in tokens (blocks x block size); None: unbounded
+    policy: str = "fcfs"  # the engine's scheduling policy (engine/policies.py)
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """One request as admission sees it."""
+
+    prompt_tokens: int
+    seqs: int = 1  # sequences it runs: n x prompts
+    decode_limit: int = 0  # the most tokens each sequence may generate
+    priority: int = 0
+    tenant: str = ""
+
+
+class Backlog:
+    """Running sums over the admitted requests (O(1) per change, O(groups) per estimate)."""
+
+    def __init__(self, length_alpha: float = 0.05) -> None:
+        # (priority, tenant) -> [sequences, prompt tokens] of requests without a first token.
+        self._pending: dict[tuple[int, str], list[int]] = {}
+        self.running_seqs = 0
+        self._seqs = 0  # in flight, pending or running
+        self._limits = 0  # decode limits of the sequences in flight
+        self._prompts = 0  # prompt tokens per sequence, summed over sequences in flight
+        self.mean_length: float | None = None  # recent generated tokens per sequence
+        self._alpha = length_alpha
+
+    def add(self, w: Work) -> None:
+        group = self._pending.setdefault((w.priority, w.tenant), [0, 0])
+        group[0] += w.seqs
+        group[1] += w.prompt_tokens
+        self._seqs += w.seqs
+        self._limits += w.decode_limit * w.seqs
+        self._prompts += w.prompt_tokens
+
+    def start(self, w: Work) -> None:
+        """The request's first token arrived: from the queue to the batch."""
+        key = (w.priority, w.tenant)
+        group = self._pending[key]
+        group[0] -= w.seqs
+        group[1] -= w.prompt_tokens
+        if group[0] <= 0:
+            del self._pending[key]
+        self.running_seqs += w.seqs
+
+    def release(self, w: Work, started: bool) -> None:
+        if started:
+            self.running_seqs -= w.seqs
+        else:
+            key = (w.priority, w.tenant)
+            group = self._pending[key]
+            group[0] -= w.seqs
+            group[1] -= w.prompt_tokens
+            if group[0] <= 0:
+                del self._pending[key]
+        self._seqs -= w.seqs
+        self._limits -= w.decode_limit * w.seqs
+        self._prompts -= w.prompt_tokens
+
+    def observe_length(self, tokens_per_seq: float) -> None:
+        """A finished request's generated tokens per sequence."""
+        m = self.mean_length
+        self.mean_length = tokens_per_seq if m is None else m + self._alpha * (tokens_per_seq - m)
+
+    def ahead(self, w: Work, policy: str) -> tuple[int, int]:
+        """(sequences, prompt tokens) queued ahead of `w`."""
+        by_band = policy in ("priority", "priority-fair")
+        groups = [
+            (tenant, seqs, tokens)
+            for (priority, tenant), (seqs, tokens) in self._pending.items()
+            if not by_band or priority <= w.priority
+        ]
+        if policy not in ("fair", "priority-fair"):
+            return sum(g[1] for g in groups), sum(g[2] for g in groups)
+        by_tenant: dict[str, list[int]] = {}
+        for tenant, seqs, tokens in groups:
+            t = by_tenant.setdefault(tenant, [0, 0])
+            t[0] += seqs
+            t[1] += tokens
+        own = by_tenant.get(w.tenant, [0, 0])[0] + w.seqs
+        seqs_ahead = tokens_ahead = 0
+        for tenant, (seqs, tokens) in by_tenant.items():
+            take = seqs if tenant == w.tenant else min(seqs, own)
+            seqs_ahead += take
+            tokens_ahead += tokens * take // seqs
+        return seqs_ahead, tokens_ahead
+
+    def estimate_s(self, w: Work, shape: EngineShape, step_s: float | None) -> float | None:
+        """Seconds until `w` is scheduled (its own prefill, a step or so, is not counted: a
+        lone request is never refused); None until the engine's step time is measured."""
+        if step_s is None:
+            return None
+        seqs = self._seqs + w.seqs
+        limit_mean = (self._limits + w.decode_limit * w.seqs) / seqs
+        length = limit_mean if self.mean_length is None else min(limit_mean, self.mean_length)
+        slots = shape.max_num_seqs
+        if shape.kv_tokens is not None:
+            per_seq = (self._prompts + w.prompt_tokens) / seqs + length
+            slots = min(slots, max(1, int(shape.kv_tokens // max(per_seq, 1.0))))
+        seqs_ahead, prompts_ahead = self.ahead(w, shape.policy)
+        slots_waited = max(0, seqs_ahead + 1 - max(0, slots - self.running_seqs))
+        budget = max(1, shape.max_batched_tokens - min(self.running_seqs, slots))
+        prefill_steps = math.ceil(prompts_ahead / budget)
+        decode_steps = slots_waited * length / slots
+        return step_s * (prefill_steps + decode_steps)
