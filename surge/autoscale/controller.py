@@ -26,7 +26,7 @@ import httpx
 
 from surge.autoscale.config import AutoscalerConfig
 from surge.autoscale.decide import Decision, Stabilizer, desired_replicas
-from surge.autoscale.forecast import HoltForecaster
+from surge.autoscale.forecast_bank import ForecastBank
 from surge.autoscale.providers.base import Provider, Replica, ReplicaStartError, ReplicaState
 from surge.autoscale.signals import SignalTracker, scrape_all
 from surge.observability.autoscaler_metrics import AutoscalerMetrics
@@ -59,7 +59,7 @@ class Autoscaler:
         self.metrics = metrics
         self.clock = clock
         self.tracker = SignalTracker()
-        self.forecaster = HoltForecaster(config.forecast_alpha, config.forecast_beta)
+        self.forecasts = ForecastBank(config)
         self.stabilizer = Stabilizer(config)
         self.pending_starts = 0  # asked for, not yet ready
         self.gateway_url: str | None = None  # scaled to zero, its waiting requests wake us
@@ -126,10 +126,7 @@ class Autoscaler:
         loads = await scrape_all(client, [r.url for r in ready], self.config.scrape_timeout_s)
         now = self.clock()
         signals = self.tracker.update(now, loads)
-        forecast = None
-        if self.config.forecast_horizon_s > 0 and signals.arrival_rps is not None:
-            self.forecaster.update(now, signals.arrival_rps)
-            forecast = self.forecaster.predict(self.config.forecast_horizon_s)
+        forecast = self.forecasts.update(now, signals.arrival_rps)
         current = self.current
         if current == 0:
             # No replica (scaled to zero, or the last one died): the floor, or requests held by
@@ -164,6 +161,7 @@ class Autoscaler:
                 ready=len(ready), starting=self.pending_starts, draining=self.draining(),
                 desired=target, decision=decision, forecast_rps=forecast, previous=current,
             )  # fmt: skip
+            self.metrics.observe_forecasts(self.forecasts.views())
         return target
 
     def draining(self) -> int:

@@ -118,3 +118,27 @@ def test_noise_does_not_make_the_seasonal_replica_count_flap() -> None:
     # Holt's trend, looked 30 s ahead from 2 s samples, carries the noise into the count
     # (docs/autoscale.md): binning is what keeps the seasonal one still.
     assert count_changes("holt") > count_changes("seasonal")
+
+
+def test_the_bank_exports_each_forecasters_prediction_and_error() -> None:
+    from prometheus_client import generate_latest
+
+    from surge.autoscale.forecast_bank import ForecastBank
+    from surge.observability.autoscaler_metrics import AutoscalerMetrics
+
+    cfg = AutoscalerConfig(forecaster="seasonal", forecast_horizon_s=10.0, forecast_step_s=10.0)
+    bank = ForecastBank(cfg)
+    for k in range(100):  # a ramp: 1 req/s more every 10 s
+        chosen = bank.update(k * 2.0, 1.0 + k * 0.2)
+    views = {v.name: v for v in bank.views()}
+    assert set(views) == {"holt", "seasonal"} and chosen is not None
+    # Holt follows a ramp exactly (error ~0); the seasonal one, binned and smoothed for noise
+    # (alpha 0.2, beta 0.01), lags a ramp by a few bins: 2 req/s a bin, ~5 req/s behind.
+    holt, seasonal = views["holt"].mean_abs_error_rps, views["seasonal"].mean_abs_error_rps
+    assert holt is not None and holt < 0.1 and seasonal is not None and 1.0 < seasonal < 10.0
+    metrics = AutoscalerMetrics()
+    metrics.observe_forecasts(bank.views())
+    text = generate_latest(metrics.registry).decode()
+    assert 'surge_autoscaler_forecaster_abs_error_rps{forecaster="holt"}' in text
+    assert 'surge_autoscaler_forecaster_rps{forecaster="seasonal"}' in text
+    assert ForecastBank(AutoscalerConfig(forecast_horizon_s=0)).update(0.0, 5.0) is None
