@@ -68,7 +68,9 @@ def make_forecaster(config: ForecastConfig) -> Forecaster | None:
     return None
 
 
-def peak_ahead(forecaster: Forecaster, now_s: float, horizon_s: float, step_s: float) -> float | None:
+def peak_ahead(
+    forecaster: Forecaster, now_s: float, horizon_s: float, step_s: float
+) -> float | None:
     """The highest forecast from now to now + horizon: a replica asked for now is ready only
     at the horizon, and must not be given back before the peak within it has passed."""
     points = max(1, int(horizon_s // step_s) + 1)

@@ -127,7 +127,9 @@ class LearnedForecaster:
         with torch.no_grad():
             for k in range(ahead):
                 first = last + 1 + k - len(values)
-                x = torch.tensor(self._features(np.asarray(values), first)[None], dtype=torch.float32)
+                x = torch.tensor(
+                    self._features(np.asarray(values), first)[None], dtype=torch.float32
+                )
                 out: Any
                 out, _ = self.gru(x)
                 values = [*values[1:], max(0.0, float(self.head(out[:, -1])) * scale)]

@@ -48,8 +48,10 @@ def simulate_parser() -> argparse.ArgumentParser:
         description="A fleet behind the gateway, simulated: surge bench's traffic, a measured "
         "capacity profile, and the autoscaler's own decision code under each policy.",
     )
-    p.add_argument("--traffic", required=True,
-                   help="a surge bench traffic spec, several joined by + (merged), or trace:FILE")  # fmt: skip
+    p.add_argument(
+        "--traffic", required=True,
+        help="a surge bench traffic spec, several joined by + (merged), or trace:FILE",
+    )  # fmt: skip
     p.add_argument("--duration", type=duration, default=86400.0, help="simulated span: 1d, 6h")
     p.add_argument("--history", type=duration, default=0.0,
                    help="traffic fed to the forecasters before the span (e.g. 2d)")  # fmt: skip
@@ -57,8 +59,10 @@ def simulate_parser() -> argparse.ArgumentParser:
     p.add_argument("--cold-start", type=duration, help="replica start time (default: profile)")
     p.add_argument("--slo", type=slo, default=Slo(2.0, 0.1))
     p.add_argument("--policies", default=",".join(POLICIES))
-    p.add_argument("--mode", choices=("auto", "requests", "fluid"), default="auto",
-                   help="requests: per request; fluid: rates (auto: fluid past 300k arrivals)")  # fmt: skip
+    p.add_argument(
+        "--mode", choices=("auto", "requests", "fluid"), default="auto",
+        help="requests: per request; fluid: rates (auto: fluid past 300k arrivals)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--max-replicas", type=int, default=100)

@@ -28,12 +28,11 @@ from surge.fleetsim.control import Controller
 from surge.fleetsim.profile import CapacityProfile
 from surge.fleetsim.result import PolicyResult, RunConfig
 
-
 _by_load = operator.attrgetter("load")
 
 
 class _Rep:
-    __slots__ = ("replica", "running", "queue", "draining", "load")
+    __slots__ = ("draining", "load", "queue", "replica", "running")
 
     def __init__(self, n: int, now_s: float) -> None:
         self.replica = Replica(str(n), f"sim://{n}", ReplicaState.READY, now_s)

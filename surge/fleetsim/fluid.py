@@ -90,7 +90,7 @@ def simulate_fluid(
             if tpot <= slo_tpot and ttft <= slo_ttft:
                 # Positions up to rate x slack wait no longer than the slack allows.
                 reach = rate * (slo_ttft - ttft) if slo_ttft != float("inf") else float("inf")
-                out.met += float(np.clip(reach - ahead, 0.0, arrivals))
+                out.met += min(max(reach - ahead, 0.0), float(arrivals))
         since += arrivals
         latency = e2e + (waiting / rate if rate > 0 else 0.0)
     return out

@@ -9,6 +9,7 @@ start (`start_s`, from benchmarks/bench_startup.py), kept in the same file under
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from dataclasses import dataclass
@@ -39,8 +40,12 @@ class CapacityProfile:
 
     def _at(self, values: tuple[float, ...], c: float) -> float:
         lv = self.levels
-        if len(lv) == 1 or c <= lv[-1]:
-            return float(np.interp(c, lv, values))
+        if c <= lv[0] or len(lv) == 1:
+            return values[0]
+        if c <= lv[-1]:  # scalar interpolation (np.interp costs 5 us a call: the sim's hot path)
+            i = bisect.bisect_left(lv, c)
+            frac = (c - lv[i - 1]) / (lv[i] - lv[i - 1])
+            return values[i - 1] + frac * (values[i] - values[i - 1])
         slope = max(0.0, (values[-1] - values[-2]) / (lv[-1] - lv[-2]))
         return values[-1] + slope * (c - lv[-1])
 

@@ -27,7 +27,9 @@ class Timeline:
     starting: list[int] = field(default_factory=list)
     forecast_rps: list[float] = field(default_factory=list)  # nan: none
 
-    def add(self, t: float, demand: float, ready: int, starting: int, forecast: float | None) -> None:
+    def add(
+        self, t: float, demand: float, ready: int, starting: int, forecast: float | None
+    ) -> None:
         self.t.append(t)
         self.demand_rps.append(demand)
         self.ready.append(ready)
@@ -81,7 +83,8 @@ def peak_leads(tl: Timeline, per_replica_rps: float) -> list[dict[str, Any]]:
     while i < len(t):
         lo, hi = max(0, i - half), min(len(t), i + half + 1)
         if demand[i] == demand[lo:hi].max() and demand[i] > demand.mean() * 1.2:
-            m = max(0, i - 2 * half) + int(np.argmin(demand[max(0, i - 2 * half) : i + 1]))
+            lo2 = max(0, i - 4 * half)  # the trough before: up to 40% of the span back
+            m = lo2 + int(np.argmin(demand[lo2 : i + 1]))
             mid = (demand[m] + demand[i]) / 2  # the rise's steepest part: a sharp crossing
             up = np.nonzero(demand[m : i + 1] >= mid)[0]
             j = m + int(up[0])

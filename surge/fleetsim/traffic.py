@@ -23,7 +23,7 @@ from surge.bench.config import ArrivalConfig
 from surge.bench.workload import trace_times
 
 RATE_KINDS = ("constant", "poisson", "gamma", "sinusoid", "step")
-MAX_DRAWN = 3_000_000  # arrivals drawn one by one in the fluid mode before rates take over
+MAX_DRAWN = 300_000  # arrivals drawn one by one in the fluid mode before rates take over
 MAX_REQUESTS = 300_000  # --mode auto: per request up to this many arrivals, fluid past it
 
 

@@ -3,6 +3,7 @@ forecast, and the scale events (KEDA and Ray Serve expose the same facts)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -80,7 +81,7 @@ class AutoscalerMetrics:
         if desired != previous:
             self.events.labels("up" if desired > previous else "down").inc()
 
-    def observe_forecasts(self, views: list[_ForecastView]) -> None:
+    def observe_forecasts(self, views: Sequence[_ForecastView]) -> None:
         for v in views:
             if v.predicted_rps is not None:
                 self.forecaster_rps.labels(v.name).set(v.predicted_rps)
