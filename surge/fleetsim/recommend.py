@@ -6,8 +6,9 @@ capacity profile (the VPA side of autoscaling: what one replica should be, befor
 - KV memory: that many sequences x (prompt + output tokens) x the model's bytes per token
   (`--kv-bytes-per-token`; SmolLM2-135M in bf16: 30 layers x 3 KV heads x 64 x 2 (K, V) x 2 B =
   23,040), plus 25% for blocks partly filled and prefix sharing lost, rounded up to 1/8 GiB.
-- CPU and memory requests: the cores the profiled replica had, and its resident memory with its
-  KV cache replaced by the one above (both from the profile's "replica" entry, when measured).
+- CPU and memory requests: the cores the profiled replica had, and its resident memory (server
+  and engine processes after the sweep) plus the KV cache above, rounded up to 1/4 GiB (both
+  from the profile's "replica" entry, when measured).
 - Replicas: ceil(peak x (1 + headroom) / one replica's rate at that concurrency).
 """
 
@@ -41,7 +42,8 @@ def recommend(
     rep = profile.replica or {}
     memory_gib = None
     if "rss_gib" in rep:
-        memory_gib = math.ceil((rep["rss_gib"] - rep.get("kv_cache_gib", 0.0) + kv_gib) * 4) / 4
+        # The KV pool is touched lazily: the measured RSS holds little of it, so add it whole.
+        memory_gib = math.ceil((rep["rss_gib"] + kv_gib) * 4) / 4
     meets = (ttft_s is None or profile.ttft(seqs) <= ttft_s) and (
         tpot_s is None or profile.tpot(seqs) <= tpot_s
     )

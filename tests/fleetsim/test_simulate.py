@@ -119,7 +119,7 @@ def test_recommend_sizes_a_replica_and_the_fleet(profile_path: Path) -> None:
     assert r["replicas"] == 12  # ceil(20 * 1.2 / 2.01)
     # 8 x (128 + 64) tokens x 23,040 B x 1.25 = 0.041 GiB: the 1/8 GiB floor.
     assert r["kv_cache_memory_gib"] == 0.125
-    assert r["memory_request_gib"] == 0.75 and r["cpu_request"] == 2  # 2.5 - 2 + 0.125
+    assert r["memory_request_gib"] == 2.75 and r["cpu_request"] == 2  # 2.5 + 0.125, rounded up
     out = subprocess.run(
         [sys.executable, "-m", "surge.cli", "autoscale", "recommend", "--profile",
          str(profile_path), "--peak-rps", "20", "--slo", "ttft=2s,tpot=100ms"],
