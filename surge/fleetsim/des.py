@@ -10,7 +10,8 @@ drained one leaves the rotation at once and finishes what it holds.
 
 Every interval_s the policy's Controller (the real desired_replicas and Stabilizer) gets the
 ready replicas' running and waiting counts, the arrivals per second since the last tick and the
-mean latency of the requests finished since, as the autoscaler reads them from /metrics.
+mean latency of the requests started since (known at their start here; the autoscaler reads
+that of those finished from /metrics), as the autoscaler sees them.
 """
 
 from __future__ import annotations
