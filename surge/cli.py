@@ -275,6 +275,11 @@ def _delegated(argv: Sequence[str]) -> int | None:
         from surge.gateway.cli import main as gateway_main
 
         return gateway_main(list(argv[1:]))
+    if len(argv) > 1 and argv[0] == "autoscale" and argv[1] in ("simulate", "recommend"):
+        # Offline, and reading surge bench's traffic models: surge.fleetsim, not surge.autoscale.
+        from surge.fleetsim.cli import main as fleetsim_main
+
+        return fleetsim_main(list(argv[1:]))
     if argv and argv[0] == "autoscale":
         from surge.autoscale.cli import main as autoscale_main
 

@@ -31,6 +31,9 @@ FORBIDDEN = {
         "surge.gateway",
         "surge.bench",
     ),
+    # The fleet simulator drives the autoscaler's decision code with surge bench's traffic
+    # models (both imported, neither copied); it runs no model and no server.
+    "surge.fleetsim": ("surge.models", "surge.engine", "surge.server", "surge.gateway"),
     # The gateway talks to servers over HTTP only; the bench is a client of any OpenAI server.
     "surge.gateway": ("surge.models", "surge.engine", "surge.server", "surge.bench"),
     "surge.bench": (

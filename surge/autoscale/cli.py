@@ -47,6 +47,9 @@ _FLAGS: dict[str, tuple[str, type, str]] = {
     "--max-scale-up-step": ("max_scale_up_step", int, "replicas added per decision"),
     "--max-scale-down-step": ("max_scale_down_step", int, "replicas drained per decision"),
     "--forecast-horizon": ("forecast_horizon_s", float, "seconds ahead; 0 = no forecast"),
+    "--forecaster": ("forecaster", str, "holt | seasonal | learned | none"),
+    "--forecast-step": ("forecast_step_s", float, "seasonal, learned: seconds per history bin"),
+    "--forecast-period": ("forecast_period_s", float, "seasonal, learned: the season (s)"),
     "--drain-timeout": ("drain_timeout_s", float, "seconds a draining replica gets"),
     "--reload-grace": ("reload_grace_s", float, "seconds between leaving rotation and SIGTERM"),
     "--activation-timeout": (

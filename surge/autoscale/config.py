@@ -32,6 +32,11 @@ class AutoscalerConfig:
     forecast_horizon_s: float = 30.0
     forecast_alpha: float = 0.5  # weight of the newest rate in the level
     forecast_beta: float = 0.3  # weight of the newest slope in the trend
+    # Which forecast drives the decisions: holt, seasonal (Holt-Winters), learned (a GRU) or
+    # none; holt and seasonal also run in the shadow for their metrics (forecast_bank.py).
+    forecaster: str = "holt"
+    forecast_step_s: float = 60.0  # seasonal, learned: the bins of the history
+    forecast_period_s: float | None = None  # seasonal, learned: the season; None: detected
     drain_timeout_s: float = 60.0  # a drained replica's in-flight requests get this long
     reload_grace_s: float = 2.0  # after a replica leaves the upstreams file, before its SIGTERM
     scrape_timeout_s: float = 2.0
@@ -66,6 +71,15 @@ class AutoscalerConfig:
         for name in ("forecast_alpha", "forecast_beta"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+
+        if self.forecaster not in ("holt", "seasonal", "learned", "none"):
+            raise ValueError(f"forecaster must be holt, seasonal, learned or none, got "
+                             f"{self.forecaster!r}")  # fmt: skip
+        if not self.forecast_step_s > 0:
+            raise ValueError(f"forecast_step_s must be > 0, got {self.forecast_step_s}")
+        period = self.forecast_period_s
+        if period is not None and period < 2 * self.forecast_step_s:
+            raise ValueError("forecast_period_s must be at least 2 x forecast_step_s")
 
     @property
     def start_replicas(self) -> int:

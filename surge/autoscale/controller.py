@@ -26,7 +26,7 @@ import httpx
 
 from surge.autoscale.config import AutoscalerConfig
 from surge.autoscale.decide import Decision, Stabilizer, desired_replicas
-from surge.autoscale.forecast import HoltForecaster
+from surge.autoscale.forecast_bank import ForecastBank
 from surge.autoscale.providers.base import Provider, Replica, ReplicaStartError, ReplicaState
 from surge.autoscale.signals import SignalTracker, scrape_all
 from surge.observability.autoscaler_metrics import AutoscalerMetrics
@@ -59,7 +59,7 @@ class Autoscaler:
         self.metrics = metrics
         self.clock = clock
         self.tracker = SignalTracker()
-        self.forecaster = HoltForecaster(config.forecast_alpha, config.forecast_beta)
+        self.forecasts = ForecastBank(config)
         self.stabilizer = Stabilizer(config)
         self.pending_starts = 0  # asked for, not yet ready
         self.gateway_url: str | None = None  # scaled to zero, its waiting requests wake us
@@ -131,10 +131,7 @@ class Autoscaler:
         loads = await scrape_all(client, [r.url for r in ready], self.config.scrape_timeout_s)
         now = self.clock()
         signals = self.tracker.update(now, loads)
-        forecast = None
-        if self.config.forecast_horizon_s > 0 and signals.arrival_rps is not None:
-            self.forecaster.update(now, signals.arrival_rps)
-            forecast = self.forecaster.predict(self.config.forecast_horizon_s)
+        forecast = self.forecasts.update(now, signals.arrival_rps)
         current = self.current
         awaiting = 0.0
         if current == 0:
@@ -175,6 +172,7 @@ class Autoscaler:
                 desired=target, decision=decision, forecast_rps=forecast,
                 previous=current if self.act else self._last_target,
             )  # fmt: skip
+            self.metrics.observe_forecasts(self.forecasts.views())
         self._last_target = target  # observe mode: a scale event is a change of the decision
         return target
 

@@ -3,6 +3,7 @@ forecast, and the scale events (KEDA and Ray Serve expose the same facts)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -11,6 +12,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 class _Decision(Protocol):
     @property
     def wants(self) -> dict[str, int]: ...
+
+
+class _ForecastView(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def predicted_rps(self) -> float | None: ...
+    @property
+    def mean_abs_error_rps(self) -> float | None: ...
 
 
 class AutoscalerMetrics:
@@ -31,6 +41,16 @@ class AutoscalerMetrics:
         self.forecast = Gauge(
             "surge_autoscaler_forecast_rps", "Forecast arrivals per second at the horizon.",
             registry=reg,
+        )  # fmt: skip
+        self.forecaster_rps = Gauge(
+            "surge_autoscaler_forecaster_rps",
+            "Each forecaster's arrivals per second at the horizon (the chosen one and shadows).",
+            ["forecaster"], registry=reg,
+        )  # fmt: skip
+        self.forecaster_error = Gauge(
+            "surge_autoscaler_forecaster_abs_error_rps",
+            "Each forecaster's mean absolute error over its last 30 checked predictions.",
+            ["forecaster"], registry=reg,
         )  # fmt: skip
         self.events = Counter(
             "surge_autoscaler_scale_events", "Scale decisions, by direction.", ["direction"],
@@ -69,3 +89,10 @@ class AutoscalerMetrics:
             self.forecast.set(forecast_rps)
         if desired != previous:
             self.events.labels("up" if desired > previous else "down").inc()
+
+    def observe_forecasts(self, views: Sequence[_ForecastView]) -> None:
+        for v in views:
+            if v.predicted_rps is not None:
+                self.forecaster_rps.labels(v.name).set(v.predicted_rps)
+            if v.mean_abs_error_rps is not None:
+                self.forecaster_error.labels(v.name).set(v.mean_abs_error_rps)
