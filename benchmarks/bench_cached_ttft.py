@@ -11,8 +11,9 @@ template's closing ones) twice. TTFT is from sending the request to the first ch
 role chunk. Medians per length, and cached/uncached ratios.
 
 `--against REV` starts a second server from a git worktree of REV (made under /tmp, kept for the
-next run unless `--remove-worktree`) and alternates the two request by request, the order flipped every round, so that
-the machine's drift falls on both alike; then it prints new/old ratios.
+next run unless `--remove-worktree`) and alternates the two request by request, the order
+flipped every round, so that the machine's drift falls on both alike; then it prints new/old
+ratios.
 """
 
 from __future__ import annotations
