@@ -6,7 +6,8 @@ machine's drift between runs falls on all of them alike.
 
 A configuration is a quantization with optional suffixes: "+compile" (torch.compile, only the
 graph for this batch size is built), "+layers" (no fused decode stack: layer by layer), "+kvbf16",
-"+kvf32" and "+kvint8" (a bfloat16, float32 or int8 KV cache whatever `auto` would choose).
+"+kvf32" and "+kvint8" (a bfloat16, float32 or int8 KV cache whatever `auto` would choose), "+bi"
+(--batch-invariant).
 Each decodes `requests` requests of `--context` prompt tokens (100) at once; rounds alternate
 between the configurations, each round the median of `steps` engine steps. `--layout scattered`
 shuffles each engine's free blocks first, so a request's blocks lie anywhere in the pool, as in
@@ -30,7 +31,7 @@ from surge.engine.outputs import EngineCoreRequest
 def build(config: str, requests: int) -> LLM:
     quantization, *flags = config.split("+")
     kv_flags = {"kvbf16": "bfloat16", "kvf32": "float32", "kvint8": "int8"}
-    unknown = set(flags) - {"compile", "layers", *kv_flags}
+    unknown = set(flags) - {"compile", "layers", "bi", *kv_flags}
     if unknown:
         raise SystemExit(f"unknown flags {unknown} in {config!r}")
     return LLM(
@@ -39,6 +40,7 @@ def build(config: str, requests: int) -> LLM:
         compile="compile" in flags,
         compile_warmup=False,
         fused_decode="layers" not in flags,
+        batch_invariant="bi" in flags,
         kv_cache_dtype=next((kv_flags[f] for f in flags if f in kv_flags), "auto"),
         max_num_seqs=max(requests, 4),
     )

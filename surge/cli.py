@@ -60,6 +60,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="q4: run decode steps layer by layer, not as one compiled call",
     )
     g.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="greedy output identical whatever else is in the batch (q4 on CPU: every step on "
+        "the int8 copies; small steps slower, see docs/precision.md)",
+    )
+    g.add_argument(
         "--enforce-eager",
         action="store_true",
         help="GPU: run decode steps eagerly, not replayed from captured CUDA graphs",
@@ -184,6 +190,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
             compile=args.compile,
             fused_decode=not args.no_fused_decode,
             cuda_graphs=not args.enforce_eager,
+            batch_invariant=args.batch_invariant,
         ),
         cache=CacheConfig(
             block_size=args.block_size,

@@ -112,6 +112,9 @@ class SamplingParams:
     # Log-probability of each prompt token given those before it (and this many alternatives),
     # as vLLM's prompt_logprobs; None: none. Such a prompt is computed, not read from the cache.
     prompt_logprobs: int | None = None
+    # This request's greedy output the same whatever else is in the batch (engine-wide:
+    # --batch-invariant): the steps it is in run one kernel for 1 and N rows.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if _check_int("n", self.n) < 1:

@@ -26,6 +26,7 @@ class ScheduledRequest:
     prompt_rows_start: int = 0
     prompt_targets: tuple[int, ...] = ()
     prompt_top: int = 0
+    batch_invariant: bool = False  # its params ask for batch-invariant numerics
 
     @property
     def is_decode(self) -> bool:

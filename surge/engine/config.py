@@ -30,6 +30,9 @@ class ModelConfig:
     # CUDA: pure-decode steps replay captured CUDA graphs (surge/engine/cuda_graphs.py);
     # False is vLLM's --enforce-eager.
     cuda_graphs: bool = True
+    # Greedy output the same whatever else is in the batch: every step on one kernel and
+    # reduction order for 1 and N rows (the fused 4-bit stack on its int8 copies at every size).
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):

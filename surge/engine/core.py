@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import replace
 
 import torch
 
 from surge.engine.block_manager import BlockManager
-from surge.engine.config import EngineConfig
+from surge.engine.config import EngineConfig, SchedulerConfig
 from surge.engine.grammar import GrammarCompiler
 from surge.engine.kv_cache import KVCachePlan
 from surge.engine.loader import load_model
@@ -30,6 +31,11 @@ from surge.models.resolve import resolve_model
 from surge.models.weights import ModelFiles, open_model
 
 log = logging.getLogger(__name__)
+
+BATCH_INVARIANT_UNAVAILABLE = (
+    "batch-invariant mode runs on the fused 4-bit stack (q4 weights on a CPU with its compiled "
+    "kernels, AVX-512 VNNI or AVX2); this server runs without it"
+)
 
 
 class EngineCore:
@@ -68,7 +74,9 @@ class EngineCore:
             config.model.cuda_graphs,
             config.scheduler.max_num_seqs,
             self.max_model_len,
+            config.model.batch_invariant,
         )
+        scheduler_config = self._check_batch_invariant(config)
         # After the runner: the fused 4-bit stack and CUDA graphs hold the base layers, and
         # steps with adapters run eagerly through the wrappers.
         self.loras: LoRAManager | None = None
@@ -88,7 +96,7 @@ class EngineCore:
             self.plan.num_blocks, cache.block_size, cache.enable_prefix_caching
         )
         self.scheduler = Scheduler(
-            config.scheduler,
+            scheduler_config,
             self.blocks,
             make_policy(config.scheduler),
             config.speculative,
@@ -104,6 +112,25 @@ class EngineCore:
         self._step_time_s = 0.0
         self.wait_time_s = 0.0  # the process loop adds the time it blocks waiting for work
 
+    def _check_batch_invariant(self, config: EngineConfig) -> SchedulerConfig:
+        """The scheduler's config: with --batch-invariant, its step budget capped where the
+        fused stack ends (a larger step would run layer by layer, with other numerics).
+        ValueError where the mode cannot hold (no fused 4-bit stack)."""
+        sched = config.scheduler
+        if not config.model.batch_invariant:
+            return sched
+        fused = self.runner.fused
+        if fused is None:
+            raise ValueError(BATCH_INVARIANT_UNAVAILABLE)
+        if sched.max_num_batched_tokens > fused.max_rows:
+            log.info(
+                "batch-invariant: step budget %d tokens (the fused stack's largest step)",
+                fused.max_rows,
+            )
+            sched = replace(sched, max_num_batched_tokens=fused.max_rows)
+        log.info("batch-invariant mode: every step on one kernel for 1 and N rows")
+        return sched
+
     # ---- requests ----------------------------------------------------------------------------
     def add_request(self, creq: EngineCoreRequest) -> None:
         """Queue a request. Raises ValueError if it can never be served (too long, bad tokens)."""
@@ -118,6 +145,8 @@ class EngineCore:
         if any(t < 0 or t >= vocab for t in creq.prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         creq.params.check_vocab(vocab)
+        if creq.params.batch_invariant and self.runner.fused is None:
+            raise ValueError(BATCH_INVARIANT_UNAVAILABLE)
         room = self.max_model_len - prompt_len
         max_tokens = room if creq.params.max_tokens is None else min(creq.params.max_tokens, room)
         seed = creq.seed

@@ -52,8 +52,12 @@ class ModelRunner:
         cuda_graphs: bool = True,
         max_num_seqs: int = 256,
         max_model_len: int = 8192,
+        batch_invariant: bool = False,
     ) -> None:
         self.model = model
+        # Every step on the batch-invariant fused stack (else only steps with a request that
+        # asks for it, SamplingParams.batch_invariant).
+        self.batch_invariant = batch_invariant
         self.decode_op: Callable[..., Tensor] | None = None
         self.write_kv_op: Callable[..., None] | None = None
         if use_kernels and device.type == "cpu":
@@ -68,7 +72,8 @@ class ModelRunner:
         # 4-bit models on CPU: small decode steps as one compiled call (None: not applicable).
         self.fused: FusedQ4Decode | None = None
         if fused_decode and use_kernels and device.type == "cpu" and model.spec.llama_block:
-            self.fused = FusedQ4Decode.build(model, kv_caches)
+            # With its batch-invariant twin (a few MB of step buffers), for requests that ask.
+            self.fused = FusedQ4Decode.build(model, kv_caches, batch_invariant=True)
             if self.fused is not None:
                 log.info("decode steps of up to %d requests: fused stack", self.fused.max_rows)
         # allocate_kv_cache adds one block past the pool: padded rows write their K/V there.
@@ -132,7 +137,8 @@ class ModelRunner:
             assert self.fused is not None
             input_ids, positions, attn, sample_reqs = self.prepare(batch, chunks_as_rows=True)
             slots = torch.tensor(self._row_slots(batch)) if lora else None
-            logits = self.fused(input_ids, positions, attn, slots)
+            invariant = self.batch_invariant or any(r.batch_invariant for r in batch.requests)
+            logits = self.fused(input_ids, positions, attn, slots, invariant)
         elif (graph_rows := self._graph_rows(batch)) is not None:
             assert self.graphs is not None
             input_ids, positions, attn, sample_reqs = self.prepare(batch, graph_rows, bias=False)

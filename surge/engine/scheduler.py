@@ -264,6 +264,7 @@ class Scheduler:
             lora_slot=req.lora_slot,
             draft=tuple(draft),
             draft_sampling=draft_rows,
+            batch_invariant=req.params.batch_invariant,
         )
 
     # ---- after the model ran ---------------------------------------------------------------

@@ -46,11 +46,19 @@ Q4_ONLY_MAX_ROWS = 1024
 
 
 class FusedQ4Decode:
-    """Calls the compiled stack on prepared decode-step tensors; build() it for a model."""
+    """Calls the compiled stack on prepared decode-step tensors; build() it for a model.
 
-    def __init__(self, model: LlamaForCausalLM, stack: Any) -> None:
+    Batch invariance: the stack's 4-bit path (a few rows) and its int8 path (more) round
+    differently, so a request's tokens depend on how many rows share its steps. `invariant`
+    is a second stack over the same weights and caches that takes every step on the int8
+    copies (exact integer sums, activations quantized per row: a row's numbers are the same
+    at 1 and N rows); None where the model has no int8 copies (AVX2: every step reads the
+    4-bit weights, 8 rows a pass, already one kernel for all sizes)."""
+
+    def __init__(self, model: LlamaForCausalLM, stack: Any, invariant: Any = None) -> None:
         self.model = model
         self.stack = stack
+        self.invariant = invariant
         self.dtype = model.norm.weight.dtype
         self.max_rows: int = stack.max_rows  # the largest step it takes
         self.max_chunk = self.max_rows  # the longest prefill chunk it takes along with others
@@ -65,6 +73,8 @@ class FusedQ4Decode:
                 wrapped = lora.layers[(i, name)]
                 tensors += [wrapped.lora_a, wrapped.lora_bt]
         self.stack.set_lora(tensors, lora.max_rank)
+        if self.invariant is not None:
+            self.invariant.set_lora(tensors, lora.max_rank)
         self.has_lora = True
 
     @classmethod
@@ -73,11 +83,13 @@ class FusedQ4Decode:
         model: LlamaForCausalLM,
         kv_caches: Sequence[tuple[Tensor, Tensor]],
         q4_max_rows: int | None = None,
+        batch_invariant: bool = False,
     ) -> FusedQ4Decode | None:
         """The fused path for this model and cache, or None where it does not apply (not all
         layers 4-bit with kernels, neither AVX-512 VNNI nor AVX2, an unsupported head size or
         cache). q4_max_rows: the most rows on the 4-bit weights (default Q4_MAX_ROWS with int8
-        copies, else Q4_ONLY_MAX_ROWS)."""
+        copies, else Q4_ONLY_MAX_ROWS). batch_invariant: also the `invariant` stack (every
+        step on the int8 copies) where there are int8 copies."""
         weights: list[Tensor] = []
         int8: list[Tensor] = []  # the int8 copies, packed, when every projection has one
         for layer in model.layers:
@@ -109,8 +121,9 @@ class FusedQ4Decode:
         if module is None or not module.supported:
             return None
         spec = model.spec
-        try:
-            stack = module.Q4DecodeStack(
+
+        def make(max_q4_rows: int) -> Any:
+            return module.Q4DecodeStack(
                 [w.detach() for w in weights],
                 int8,
                 [k for k, _ in kv_caches],
@@ -120,22 +133,32 @@ class FusedQ4Decode:
                 spec.num_heads,
                 spec.num_kv_heads,
                 spec.rms_norm_eps,
-                q4_max_rows,
+                max_q4_rows,
             )
+
+        try:
+            stack = make(q4_max_rows)
+            invariant = make(0) if batch_invariant and int8 else None
         except RuntimeError as e:  # a shape or dtype the stack does not take: layer by layer
             log.info("fused 4-bit decode not used: %s", e)
             return None
-        return cls(model, stack)
+        return cls(model, stack, invariant)
 
     def __call__(
-        self, ids: Tensor, positions: Tensor, attn: AttnMetadata, row_slots: Tensor | None = None
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        attn: AttnMetadata,
+        row_slots: Tensor | None = None,
+        invariant: bool = False,
     ) -> Tensor:
         """A step of at most `max_rows` rows, each a decode (a prefill chunk's tokens described
         as decodes) -> logits [num_sampled, vocab] float32. row_slots: each row's LoRA slot
-        (-1: none), after set_lora."""
+        (-1: none), after set_lora. invariant: on the batch-invariant stack, where built."""
+        stack = self.invariant if invariant and self.invariant is not None else self.stack
         x = self.model.embed_tokens(ids)  # [rows, hidden]
         with torch.profiler.record_function("fused decode stack"):
-            h = self.stack.forward(
+            h = stack.forward(
                 x,
                 positions,
                 attn.slot_mapping,

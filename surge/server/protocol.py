@@ -166,6 +166,8 @@ class _SamplingRequest(_Model):
     allowed_token_ids: list[StrictInt] | None = None
     bad_words: list[StrictStr] | None = None
     prompt_logprobs: StrictInt | None = None
+    # Greedy output the same whatever else is in the batch (as the server's --batch-invariant)
+    batch_invariant: StrictBool = False
     # vLLM's: the prompt's and each choice's token ids in the answer (RL trainers need the
     # very tokens sampled, not a re-tokenization); logprobs' tokens as "token_id:{id}".
     return_token_ids: StrictBool = False
@@ -259,6 +261,7 @@ class _SamplingRequest(_Model):
                 ),
                 bad_words=tuple(self.bad_words or ()),
                 prompt_logprobs=prompt_logprobs,
+                batch_invariant=self.batch_invariant,
             )
         except ValueError as exc:
             raise sampling_error(str(exc), renames) from exc

@@ -192,8 +192,9 @@ class Q4DecodeStack {
     const int64_t layers = weights.size() / kTensorsPerLayer;
     TORCH_CHECK(int8.empty() || int8.size() == static_cast<size_t>(layers * kInt8TensorsPerLayer),
                 "q4_decode: int8 copies per layer");
-    TORCH_CHECK(q4_max_rows >= 1, "q4_decode: q4_max_rows >= 1");
     has_int8_ = !int8.empty();
+    // 0: every step on the int8 copies (batch-invariant mode: one kernel for 1 and N rows).
+    TORCH_CHECK(q4_max_rows >= (has_int8_ ? 0 : 1), "q4_decode: q4_max_rows >= 1 (0 with int8)");
     TORCH_CHECK(layers > 0 && k_caches.size() == static_cast<size_t>(layers) &&
                 v_caches.size() == static_cast<size_t>(layers), "q4_decode: one cache per layer");
     TORCH_CHECK(num_heads % num_kv_heads == 0, "q4_decode: heads");
