@@ -58,6 +58,7 @@ class Done:
     ttft_s: float | None
     ok: bool
     status: int
+    error: str = ""  # what a failed one got: its error body or event, or the exception
 
 
 @dataclass
@@ -131,10 +132,12 @@ async def send(
         if not body.get("stream"):
             r = await client.post(url + path, json=body, headers=headers)
             now = time.monotonic()
-            return Done(kind, now, now - t0, None, r.status_code == 200, r.status_code)
+            ok = r.status_code == 200
+            return Done(kind, now, now - t0, None, ok, r.status_code, "" if ok else r.text[:300])
         async with client.stream("POST", url + path, json=body, headers=headers) as r:
             chunks = 0
             ok = r.status_code == 200
+            error = "" if ok else (await r.aread()).decode(errors="replace")[:300]
             async for line in r.aiter_lines():
                 if not line.startswith("data: "):
                     continue
@@ -143,15 +146,15 @@ async def send(
                 if line == "data: [DONE]":
                     break
                 if '"error"' in line:
-                    ok = False
+                    ok, error = False, line[:300]
                 chunks += 1
                 if kind == "cancel" and chunks >= 3:
                     break  # closing the stream cancels the request
             now = time.monotonic()
-            return Done(kind, now, now - t0, ttft, ok, r.status_code)
-    except httpx.HTTPError:
+            return Done(kind, now, now - t0, ttft, ok, r.status_code, error)
+    except httpx.HTTPError as e:
         now = time.monotonic()
-        return Done(kind, now, now - t0, ttft, False, 0)
+        return Done(kind, now, now - t0, ttft, False, 0, repr(e)[:300])
 
 
 async def closed_loop(url: str, mix: Mix, concurrency: int, seconds: float) -> float:
@@ -210,9 +213,11 @@ def sample(url: str, procs: dict[str, psutil.Process], phase: str, t0: float,
 async def open_loop(
     url: str, mix: Mix, rate: float, seconds: float, interval_s: float,
     procs: dict[str, psutil.Process], t0: float,
-) -> tuple[list[Sample], int]:  # fmt: skip
-    """Poisson arrivals at `rate` per second; a sample every `interval_s`."""
+) -> tuple[list[Sample], int, list[dict[str, object]]]:  # fmt: skip
+    """Poisson arrivals at `rate` per second; a sample every `interval_s`. Returns the samples,
+    the failed requests' count and the first few of them (kind, status, error)."""
     samples: list[Sample] = []
+    failures: list[dict[str, object]] = []
     window: list[Done] = []
     tasks: set[asyncio.Task[Done]] = set()
     total_failed = 0
@@ -223,7 +228,10 @@ async def open_loop(
 
         def collect(task: asyncio.Task[Done]) -> None:
             tasks.discard(task)
-            window.append(task.result())
+            done = task.result()
+            window.append(done)
+            if not done.ok and done.kind != "cancel" and len(failures) < 20:
+                failures.append({"kind": done.kind, "status": done.status, "error": done.error})
 
         while time.monotonic() < start + seconds:
             now = time.monotonic()
@@ -243,7 +251,7 @@ async def open_loop(
         if tasks:
             await asyncio.wait(tasks, timeout=300)
     total_failed += sum(not d.ok for d in window if d.kind != "cancel")
-    return samples, total_failed
+    return samples, total_failed, failures
 
 
 def wait_idle(url: str, timeout_s: float = 120.0) -> None:
@@ -259,8 +267,10 @@ def wait_idle(url: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.5)
 
 
-def judge(samples: list[Sample], before: Sample, after: Sample, failed: int,
-          args: argparse.Namespace) -> dict[str, dict[str, object]]:  # fmt: skip
+def judge(
+    samples: list[Sample], before: Sample, after: Sample, failed: int,
+    args: argparse.Namespace, failures: list[dict[str, object]] | None = None,
+) -> dict[str, dict[str, object]]:  # fmt: skip
     load = [s for s in samples if s.phase == "load"]
     half = load[len(load) // 2 :] or load
     out: dict[str, dict[str, object]] = {}
@@ -290,7 +300,7 @@ def judge(samples: list[Sample], before: Sample, after: Sample, failed: int,
         "first_third_s": round(first, 3), "last_third_s": round(last, 3),
         "ratio_bound": args.p99_ratio, "pass": bool(p99) and last <= args.p99_ratio * first,
     }  # fmt: skip
-    out["no_failures"] = {"failed": failed, "pass": failed == 0}
+    out["no_failures"] = {"failed": failed, "first": failures or [], "pass": failed == 0}
     return out
 
 
@@ -390,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"capacity {capacity} req/s; load {rate:.2f} req/s", flush=True)
         wait_idle(url)
         before = sample(url, procs, "idle-before", t0, [])
-        samples, failed = asyncio.run(
+        samples, failed, failures = asyncio.run(
             open_loop(url, mix, rate, args.minutes * 60, args.interval_s, procs, t0)
         )
         wait_idle(url)
@@ -401,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    criteria = judge(samples, before, after, failed, args)
+    criteria = judge(samples, before, after, failed, args, failures)
     passed = all(c["pass"] for c in criteria.values())
     result = {
         "passed": passed, "criteria": criteria, "capacity_rps": capacity, "rate_rps": rate,

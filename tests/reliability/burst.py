@@ -15,7 +15,7 @@ import httpx
 class Outcome:
     status: int
     ttft_s: float | None = None  # client-side, from the send to the first token's chunk
-    tokens: int = 0
+    tokens: int = 0  # completion tokens, as the stream's closing usage chunk counts them
     finished: bool = False  # a finish_reason and [DONE] came
     error: dict[str, object] | None = None  # the OpenAI error body of a refusal or failure
     retry_after: str | None = None
@@ -24,6 +24,9 @@ class Outcome:
 
 async def one(client: httpx.AsyncClient, url: str, body: dict[str, object]) -> Outcome:
     t0 = time.monotonic()
+    # Tokens are counted from usage: one chunk may carry several (held back by the detokenizer
+    # for a whole character or a stop string, or sent together to a client that reads late).
+    body = {**body, "stream_options": {"include_usage": True}}
     async with client.stream("POST", url + "/v1/completions", json=body) as r:
         out = Outcome(r.status_code, retry_after=r.headers.get("retry-after"))
         if r.status_code != 200:
@@ -40,10 +43,13 @@ async def one(client: httpx.AsyncClient, url: str, body: dict[str, object]) -> O
             if "error" in chunk:
                 out.error = chunk
                 continue
+            if chunk.get("usage"):
+                out.tokens = chunk["usage"]["completion_tokens"]
+            if not chunk.get("choices"):
+                continue
             choice = chunk["choices"][0]
             if out.ttft_s is None:
                 out.ttft_s = time.monotonic() - t0
-            out.tokens += 1
             if choice.get("finish_reason"):
                 out.finished = True
     out.elapsed_s = time.monotonic() - t0

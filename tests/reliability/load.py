@@ -18,13 +18,23 @@ class Result:
     body: str
 
 
+STREAM_BROKEN = 599  # a 200 whose event stream ended in an error event or without [DONE]
+
+
+def _stream_whole(text: str) -> bool:
+    events = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
+    return bool(events) and events[-1] == "[DONE]" and not any('"error"' in e for e in events)
+
+
 class Load:
     """`clients` threads, each sending `max_tokens`-token completions one after another to
     `url` until stop(); at most `max_requests` in all, so the load is bounded."""
 
     def __init__(self, url: str, clients: int = 3, max_tokens: int = 4,
-                 max_requests: int = 2000, timeout_s: float = 30.0) -> None:  # fmt: skip
+                 max_requests: int = 2000, timeout_s: float = 30.0,
+                 stream: bool = False) -> None:  # fmt: skip
         self.url, self.max_tokens, self.timeout_s = url, max_tokens, timeout_s
+        self.stream = stream
         self.results: list[Result] = []
         self._left = max_requests
         self._lock = threading.Lock()
@@ -46,7 +56,8 @@ class Load:
         return self.results
 
     def _run(self) -> None:
-        body = {"prompt": "a bounded load", "max_tokens": self.max_tokens, "ignore_eos": True}
+        body = {"prompt": "a bounded load", "max_tokens": self.max_tokens, "ignore_eos": True,
+                "stream": self.stream}  # fmt: skip
         with httpx.Client(timeout=self.timeout_s) as client:
             while not self._stop.is_set():
                 with self._lock:
@@ -61,6 +72,8 @@ class Load:
                         r.headers.get("x-surge-upstream", ""),
                         r.text,
                     )
+                    if self.stream and status == 200 and not _stream_whole(text):
+                        status = STREAM_BROKEN
                 except httpx.HTTPError as e:
                     status, upstream, text = 0, "", repr(e)
                     time.sleep(0.05)

@@ -1,5 +1,5 @@
 """Promise: memory stays bounded. The short soak (benchmarks/soak.py) with the tiny model: a
-realistic mix at ~70% of the measured capacity for SURGE_SOAK_MINUTES (default 2; the issue asks
+realistic mix at ~70% of the measured capacity for SURGE_SOAK_MINUTES (default 1, for the suite's 15 minutes; the issue asks
 5, the 60-minute run is a manual benchmark), sampled; no RSS growth trend beyond the KV pool,
 fds and threads flat between idle before and idle after, KV back to zero at idle, p99 flat, no
 request failed but the cancelled ones."""
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_short_soak_passes_its_criteria(tiny_model_dir: Path, tmp_path: Path) -> None:
-    minutes = float(os.environ.get("SURGE_SOAK_MINUTES", "2"))
+    minutes = float(os.environ.get("SURGE_SOAK_MINUTES", "1"))
     out = tmp_path / "soak"
     cmd = [
         sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--model", str(tiny_model_dir),
