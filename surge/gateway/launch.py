@@ -8,33 +8,17 @@ import contextlib
 import logging
 import signal
 import time
-from types import FrameType
 
 import uvicorn
 
+from surge.draining_server import DrainingServer
 from surge.gateway.app import GatewayState, build_app
 from surge.gateway.config import GatewayConfig
 
 log = logging.getLogger(__name__)
 
 
-class _DrainingServer(uvicorn.Server):
-    """uvicorn, except that the first exit signal starts a drain instead of closing the port
-    (the probes must still answer: ready 503, live 200)."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.drain_requested = asyncio.Event()
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.drain_requested.is_set():
-            super().handle_exit(sig, frame)  # second signal: uvicorn's own (force) exit
-            self.force_exit = True
-            return
-        self.drain_requested.set()
-
-
-async def _drain_on_signal(server: _DrainingServer, state: GatewayState) -> None:
+async def _drain_on_signal(server: DrainingServer, state: GatewayState) -> None:
     await server.drain_requested.wait()
     state.draining = True
     timeout = state.config.drain_timeout_s
@@ -60,7 +44,7 @@ async def serve(config: GatewayConfig) -> int:
         timeout_graceful_shutdown=10,
         timeout_keep_alive=30,
     )
-    server = _DrainingServer(uv_config)
+    server = DrainingServer(uv_config)
     drain = asyncio.create_task(_drain_on_signal(server, state))
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):  # no SIGHUP on this platform

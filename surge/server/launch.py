@@ -12,10 +12,10 @@ import logging
 import os
 import time
 from pathlib import Path
-from types import FrameType
 
 import uvicorn
 
+from surge.draining_server import DrainingServer
 from surge.engine.client import AsyncEngineClient
 from surge.engine.config import EngineConfig
 from surge.engine.spawn import SpawnedEngine
@@ -37,23 +37,7 @@ from surge.server.state import ServerState
 log = logging.getLogger(__name__)
 
 
-class _DrainingServer(uvicorn.Server):
-    """uvicorn, except that the first exit signal starts a drain instead of stopping at once."""
-
-    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
-        super().__init__(config)
-        self.surge_state = state
-        self.drain_requested = asyncio.Event()
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.drain_requested.is_set():
-            super().handle_exit(sig, frame)  # second signal: uvicorn's own (force) exit
-            self.force_exit = True
-            return
-        self.drain_requested.set()
-
-
-async def _drain_on_signal(server: _DrainingServer, state: ServerState) -> None:
+async def _drain_on_signal(server: DrainingServer, state: ServerState) -> None:
     await server.drain_requested.wait()
     state.admission.start_draining()
     timeout = state.config.drain_timeout_s
@@ -66,7 +50,7 @@ async def _drain_on_signal(server: _DrainingServer, state: ServerState) -> None:
     server.should_exit = True
 
 
-async def _exit_on_engine_death(server: _DrainingServer, state: ServerState) -> None:
+async def _exit_on_engine_death(server: DrainingServer, state: ServerState) -> None:
     await state.client.wait_dead().wait()
     log.error("engine died (%s): exiting", state.client.dead_reason)
     state.metrics.set_health(False)
@@ -163,7 +147,7 @@ async def serve(
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,
     )
-    server = _DrainingServer(uv_config, state)
+    server = DrainingServer(uv_config)
     tasks = [
         asyncio.create_task(_drain_on_signal(server, state)),
         asyncio.create_task(_exit_on_engine_death(server, state)),
