@@ -43,12 +43,16 @@ def fleet(tiny_model_dir: Path) -> Iterator[Fleet]:
     a = ServerProcess(tiny_model_dir, "--dtype", "float32")
     b = ServerProcess(tiny_model_dir, "--dtype", "float32")
     gateway = GatewayProcess("--upstream", a.url, "--upstream", b.url, *GATEWAY_ARGS)
+    fleet = Fleet(a, b, gateway)
     try:
         gateway.wait_ready(num_upstreams=2)
-        yield Fleet(a, b, gateway)
+        yield fleet
     finally:
-        for p in (gateway, a, b):
+        # fleet.gateway: the restart test replaces the first gateway with a new process.
+        for p in {id(g): g for g in (gateway, fleet.gateway)}.values():
             p.stop()
+        a.stop()
+        b.stop()
 
 
 def _in_rotation(gateway: GatewayProcess) -> int:
