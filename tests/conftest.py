@@ -46,15 +46,18 @@ def minilm_path() -> Path:
     return resolve_model(DEFAULT_EMBEDDING_MODEL)
 
 
-def write_tiny_llama(folder: Path, gguf_path: Path, seed: int = 0) -> Path:
-    """A tiny random Llama as a Hugging Face folder, with SmolLM2's tokenizer and template."""
+def write_tiny_llama(
+    folder: Path, gguf_path: Path, seed: int = 0, shapes: dict[str, int] | None = None
+) -> Path:
+    """A tiny random Llama as a Hugging Face folder, with SmolLM2's tokenizer and template;
+    `shapes` overrides TINY_CONFIG's sizes."""
     from gguf import GGUFReader
     from safetensors.torch import save_file
 
     from surge.models.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(GGUFReader(gguf_path))
-    cfg = dict(TINY_CONFIG, vocab_size=tok.vocab_size)
+    cfg = dict(TINY_CONFIG, vocab_size=tok.vocab_size) | (shapes or {})
     h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
     nh, nkv, vocab = cfg["num_attention_heads"], cfg["num_key_value_heads"], tok.vocab_size
     gen = torch.Generator().manual_seed(seed)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from surge.autoscale.forecasters import FORECASTERS
+
 
 @dataclass(frozen=True, slots=True)
 class AutoscalerConfig:
@@ -72,9 +74,8 @@ class AutoscalerConfig:
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
 
-        if self.forecaster not in ("holt", "seasonal", "learned", "none"):
-            raise ValueError(f"forecaster must be holt, seasonal, learned or none, got "
-                             f"{self.forecaster!r}")  # fmt: skip
+        if self.forecaster not in FORECASTERS:
+            raise ValueError(f"forecaster must be one of {FORECASTERS}, got {self.forecaster!r}")
         if not self.forecast_step_s > 0:
             raise ValueError(f"forecast_step_s must be > 0, got {self.forecast_step_s}")
         period = self.forecast_period_s

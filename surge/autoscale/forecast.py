@@ -26,6 +26,11 @@ class HoltForecaster:
         self.trend = self.beta * (self.level - previous) / dt + (1 - self.beta) * self.trend
         self._last_s = now_s
 
+    @property
+    def last_s(self) -> float | None:
+        """When it last took a rate (None before any)."""
+        return self._last_s
+
     def predict(self, horizon_s: float) -> float | None:
         """The rate `horizon_s` from the last observation (never below 0); None before any."""
         if self.level is None:

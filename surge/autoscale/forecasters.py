@@ -36,7 +36,7 @@ class HoltAt:
         self.holt.update(now_s, value)
 
     def predict(self, now_s: float, horizon_s: float) -> float | None:
-        last = self.holt._last_s
+        last = self.holt.last_s
         since = 0.0 if last is None else max(0.0, now_s - last)
         return self.holt.predict(since + horizon_s)
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from surge.autoscale.rate_bins import RateBins
 from surge.autoscale.seasonal import detect_period
 
 
@@ -49,38 +50,24 @@ class LearnedForecaster:
         self._gen = gen
         self._rng = np.random.default_rng(c.seed)
         self.period_bins: int | None = None if c.period_s is None else round(c.period_s / c.step_s)
-        self.history: list[float] = []
-        self._first_bin: int | None = None
-        self._bin: int | None = None
-        self._sum = 0.0
-        self._count = 0
-        self._closed = 0
+        self.bins = RateBins(c.step_s, c.max_history_bins)
         self.trained = False
         self._cache: dict[int, float] = {}  # target bin -> prediction, for the current history
 
-    def update(self, now_s: float, value: float) -> None:
-        b = int(now_s // self.config.step_s)
-        if self._bin is None:
-            self._bin = self._first_bin = b
-        if b > self._bin:
-            mean = self._sum / self._count if self._count else (self.history or [value])[-1]
-            for _ in range(b - self._bin):
-                self._close(mean)
-            self._bin, self._sum, self._count = b, 0.0, 0
-        if b == self._bin:
-            self._sum += value
-            self._count += 1
+    @property
+    def history(self) -> list[float]:
+        return self.bins.history
 
-    def _close(self, x: float) -> None:
+    def update(self, now_s: float, value: float) -> None:
+        self.bins.add(now_s, value, self._close)
+
+    def _close(self, x: float, clock_bin: int) -> None:
+        """A bin closed (it is in the history): look for the season now and then, and train."""
         c = self.config
-        self.history.append(x)
-        if len(self.history) > c.max_history_bins:
-            del self.history[: len(self.history) - c.max_history_bins]
-        self._closed += 1
         self._cache.clear()
-        if self.period_bins is None and self._closed % 64 == 0:
+        if self.period_bins is None and self.bins.closed % 64 == 0:
             self.period_bins = detect_period(np.asarray(self.history))
-        if self._closed % c.train_every == 0 and len(self.history) > c.window + 1:
+        if self.bins.closed % c.train_every == 0 and len(self.history) > c.window + 1:
             self._train()
 
     def _features(self, values: np.ndarray, first_clock_bin: int) -> np.ndarray:
@@ -93,7 +80,7 @@ class LearnedForecaster:
     def _train(self) -> None:
         torch, c = self._torch, self.config
         h = np.asarray(self.history)
-        first = (self._first_bin or 0) + self._closed - len(h)
+        first = self.bins.last_bin + 1 - len(h)
         feats = self._features(h, first)
         scale = max(float(np.mean(h)), 1e-6)
         starts = self._rng.integers(0, len(h) - c.window, size=c.batch)
@@ -109,11 +96,11 @@ class LearnedForecaster:
 
     def predict(self, now_s: float, horizon_s: float) -> float | None:
         if not self.history:
-            return None if not self._count else self._sum / self._count
+            return self.bins.open_mean
         if not self.trained:
             return self.history[-1]
         c = self.config
-        last = (self._first_bin or 0) + self._closed - 1  # clock bin of the newest closed one
+        last = self.bins.last_bin  # clock bin of the newest closed one
         target = int((now_s + horizon_s) // c.step_s)
         ahead = max(1, min(target - last, 4 * c.window))
         if ahead not in self._cache:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from surge.autoscale.rate_bins import RateBins
+
 
 @dataclass(frozen=True, slots=True)
 class SeasonalConfig:
@@ -76,37 +78,21 @@ class SeasonalForecaster:
         self.level: float | None = None
         self.trend = 0.0  # per bin
         self.season: np.ndarray | None = None
-        self.history: list[float] = []  # closed bins (for detection and initialization)
-        self._bin: int | None = None  # index of the bin being filled
-        self._sum = 0.0
-        self._count = 0
-        self._closed = 0  # bins closed so far
-        self._first_bin = 0  # clock bin (now_s // step_s) of the first one
+        self.bins = RateBins(c.step_s, c.max_history_bins)  # for detection, initialization
+
+    @property
+    def history(self) -> list[float]:
+        return self.bins.history
 
     def update(self, now_s: float, value: float) -> None:
-        b = int(now_s // self.config.step_s)
-        if self._bin is None:
-            self._bin = self._first_bin = b
-        if b > self._bin:
-            mean = self._sum / self._count if self._count else None
-            # Bins without an observation (a scrape gap) repeat the last mean.
-            gap = b - self._bin
-            for _ in range(gap):
-                self._close(mean if mean is not None else (self.history or [value])[-1])
-            self._bin, self._sum, self._count = b, 0.0, 0
-        if b == self._bin:
-            self._sum += value
-            self._count += 1
+        self.bins.add(now_s, value, self._close)
 
-    def _close(self, x: float) -> None:
+    def _close(self, x: float, i: int) -> None:
+        """Bin `x` closed; `i`: its clock bin (the season is indexed by it)."""
         c = self.config
-        self.history.append(x)
-        if len(self.history) > c.max_history_bins:
-            del self.history[: len(self.history) - c.max_history_bins]
-        i = self._first_bin + self._closed  # its clock bin: the season is indexed by it
-        self._closed += 1
+        closed = self.bins.closed
         # Detection every n/32 bins: a fresh look often enough, FFTs of a long history rarely.
-        if self.period_bins is None and self._closed % max(1, self._closed // 32) == 0:
+        if self.period_bins is None and closed % max(1, closed // 32) == 0:
             min_lag = max(4, round(c.min_period_s / c.step_s))
             self.period_bins = detect_period(np.asarray(self.history), min_lag, c.min_acf)
         m = self.period_bins
@@ -131,7 +117,7 @@ class SeasonalForecaster:
         means = h.mean(axis=1)
         season = (h - means[:, None]).mean(axis=0)
         # Bin k of the season array is bin index k (mod m) of the clock, whatever the phase.
-        first = self._first_bin + self._closed - cycles * m
+        first = self.bins.last_bin + 1 - cycles * m
         self.season = np.roll(season, first % m)
         self.trend = float(means[-1] - means[-2]) / m if cycles >= 2 else 0.0
         # The level at the last closed bin: the last cycle's mean, moved half a cycle on.
@@ -140,10 +126,10 @@ class SeasonalForecaster:
     def predict(self, now_s: float, horizon_s: float) -> float | None:
         """The rate at now_s + horizon_s (never below 0); None before any observation."""
         if self.level is None:
-            return None if not self._count else self._sum / self._count
+            return self.bins.open_mean
         step = self.config.step_s
         target = int((now_s + horizon_s) // step)
-        ahead = target - (self._first_bin + self._closed - 1)  # bins past the last closed
+        ahead = target - self.bins.last_bin  # bins past the last closed
         value = self.level + self.trend * ahead
         if self.season is not None and self.period_bins:
             value += float(self.season[target % self.period_bins])

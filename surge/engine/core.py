@@ -285,8 +285,9 @@ class EngineCore:
             num_blocked_on_kv=sched.num_blocked_on_kv,
             step_time_s=self._step_time_s,
             wait_time_s=self.wait_time_s,
-            max_num_seqs=self.config.scheduler.max_num_seqs,
-            max_num_batched_tokens=self.config.scheduler.max_num_batched_tokens,
+            # The scheduler's own limits: --batch-invariant may have capped the token budget.
+            max_num_seqs=sched.config.max_num_seqs,
+            max_num_batched_tokens=sched.config.max_num_batched_tokens,
         )
 
     @staticmethod

@@ -7,8 +7,6 @@ pushes active); when the load ends it falls back. Every process is stopped by it
 from __future__ import annotations
 
 import queue
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import httpx
 import openai
 import pytest
 
 from tests.autoscale.keda_client import client_modules
+from tests.autoscale.processes import AutoscaleProcess
 from tests.servers import ServerProcess, free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -45,50 +43,26 @@ def queued_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
     server.stop()
 
 
-class Observer:
-    """`surge autoscale` in observe mode with its KEDA port."""
-
-    def __init__(self, server: ServerProcess, log_dir: Path) -> None:
-        self.grpc_port, self.metrics_port = free_port(), free_port()
-        self.log_path = log_dir / "autoscale-observe.log"
-        cmd = [
-            sys.executable, "-m", "surge.cli", "autoscale",
-            "--discover", f"dns://127.0.0.1:{server.port}",
-            "--keda-external-scaler-port", str(self.grpc_port),
-            "--metrics-port", str(self.metrics_port),
-            "--min-replicas", "0", "--max-replicas", "4", "--interval", "0.2",
-            "--target-ongoing", "1", "--target-waiting", "1", "--tolerance", "0",
-            "--scale-down-window", "0", "--forecast-horizon", "0",
-        ]  # fmt: skip
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def desired_gauge(self) -> float:
-        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        line = next(x for x in text.splitlines() if x.startswith("surge_autoscaler_desired"))
-        return float(line.split()[-1])
-
-    def stop(self) -> int:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
-        return self.proc.returncode
+def observer_process(server: ServerProcess, log_dir: Path) -> tuple[AutoscaleProcess, int]:
+    """`surge autoscale` in observe mode with its KEDA port (the process, the gRPC port)."""
+    grpc_port = free_port()
+    proc = AutoscaleProcess(
+        log_dir / "autoscale-observe.log",
+        "--discover", f"dns://127.0.0.1:{server.port}",
+        "--keda-external-scaler-port", str(grpc_port),
+        "--min-replicas", "0", "--max-replicas", "4", "--interval", "0.2",
+        "--target-ongoing", "1", "--target-waiting", "1", "--tolerance", "0",
+        "--scale-down-window", "0", "--forecast-horizon", "0",
+    )  # fmt: skip
+    return proc, grpc_port
 
 
 def test_keda_external_scaler_answers_with_the_decision(
     queued_server: ServerProcess, tmp_path: Path
 ) -> None:
     pb, pb_grpc = client_modules(tmp_path / "stubs")
-    observer = Observer(queued_server, tmp_path)
-    channel = grpc.insecure_channel(f"127.0.0.1:{observer.grpc_port}")
+    observer, grpc_port = observer_process(queued_server, tmp_path)
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
     try:
         grpc.channel_ready_future(channel).result(timeout=60)
         stub: Any = pb_grpc.ExternalScalerStub(channel)

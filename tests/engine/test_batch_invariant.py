@@ -4,17 +4,15 @@ hold (no fused stack) the engine says so instead of running without it."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from surge import LLM, SamplingParams
 from surge.engine.outputs import EngineCoreRequest
 from surge.models.kernels import load_paged_decode, load_q4_decode
+from tests.conftest import write_tiny_llama
 
 module = load_q4_decode()
 needs_stack = pytest.mark.skipif(
@@ -38,41 +36,9 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def stack_model_dir(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def stack_model_dir(smollm2_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model's tokenizer with random weights of `CONFIG`'s shapes."""
-    folder = tmp_path_factory.mktemp("tiny-stack")
-    for f in tiny_model_dir.iterdir():
-        if f.name != "model.safetensors":
-            shutil.copy(f, folder / f.name)
-    cfg = json.loads((tiny_model_dir / "config.json").read_text()) | CONFIG
-    (folder / "config.json").write_text(json.dumps(cfg))
-    h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
-    nh, nkv, vocab = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]
-    gen = torch.Generator().manual_seed(1)
-
-    def rnd(*shape: int, std: float = 0.1) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * std
-
-    weights = {
-        "model.embed_tokens.weight": rnd(vocab, h, std=0.5),
-        "lm_head.weight": rnd(vocab, h, std=0.25),
-        "model.norm.weight": 1 + rnd(h),
-    }
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        weights |= {
-            p + "self_attn.q_proj.weight": rnd(nh * hd, h),
-            p + "self_attn.k_proj.weight": rnd(nkv * hd, h),
-            p + "self_attn.v_proj.weight": rnd(nkv * hd, h),
-            p + "self_attn.o_proj.weight": rnd(h, nh * hd),
-            p + "mlp.gate_proj.weight": rnd(inter, h),
-            p + "mlp.up_proj.weight": rnd(inter, h),
-            p + "mlp.down_proj.weight": rnd(h, inter),
-            p + "input_layernorm.weight": 1 + rnd(h),
-            p + "post_attention_layernorm.weight": 1 + rnd(h),
-        }
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
-    return folder
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-stack"), smollm2_gguf_path, 1, CONFIG)
 
 
 def greedy(per_request: bool) -> SamplingParams:

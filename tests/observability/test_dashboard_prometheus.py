@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.autoscale.processes import AutoscaleProcess
 from tests.gateway.processes import GatewayProcess
 from tests.observability.prom_process import PrometheusProcess
 from tests.observability.prometheus_bin import binary
@@ -63,29 +63,6 @@ def test_dashboard_json_is_what_build_py_writes() -> None:
             assert "vector(" not in t["expr"] and "absent(" not in t["expr"], t["expr"]
 
 
-class Autoscaler:
-    """`surge autoscale` in observe mode, exporting its decisions on --metrics-port."""
-
-    def __init__(self, server_url: str, log_dir: Path) -> None:
-        self.metrics_port = free_port()
-        self.log_path = log_dir / "autoscale.log"
-        self._log = self.log_path.open("wb")
-        cmd = [sys.executable, "-m", "surge.cli", "autoscale", "--upstream", server_url,
-               "--metrics-port", str(self.metrics_port), "--interval", "0.5",
-               "--forecast-horizon", "5", "--max-replicas", "3"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def stop(self) -> int:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
-        return self.proc.returncode
-
-
 def _load(gateway_url: str, seconds: float, clients: int = 4) -> int:
     """Back-to-back short completions through the gateway from two tenants at two priorities;
     refusals (shed, 503) are part of the picture. Returns the requests answered 200."""
@@ -119,7 +96,11 @@ def fleet(tiny_server: ServerProcess, tmp_path: Path) -> Iterator[PrometheusProc
         "--max-concurrency", "3", "--max-queue", "0", "--degrade", "cap_max_tokens",
         "--max-in-flight-per-upstream", "1",
     )  # fmt: skip
-    autoscaler = Autoscaler(tiny_server.url, tmp_path)
+    # Observe mode, exporting its decisions on --metrics-port.
+    autoscaler = AutoscaleProcess(
+        tmp_path / "autoscale.log", "--upstream", tiny_server.url, "--interval", "0.5",
+        "--forecast-horizon", "5", "--max-replicas", "3",
+    )  # fmt: skip
     prom = None
     try:
         gateway.wait_ready()
@@ -134,7 +115,7 @@ def fleet(tiny_server: ServerProcess, tmp_path: Path) -> Iterator[PrometheusProc
     finally:
         if prom is not None:
             prom.stop()
-        assert autoscaler.stop() == 0, autoscaler.log_path.read_text()[-3000:]
+        assert autoscaler.stop() == 0, autoscaler.log()
         gateway.stop()
 
 
