@@ -35,7 +35,7 @@ from surge.engine.protocol import (
     UnloadLoRA,
 )
 from surge.engine.spawn import EngineDeadError, SpawnedEngine
-from surge.engine.throughput import ThroughputMeter
+from surge.engine.step_cost import StepCostModel
 from surge.models.tokenizer import Tokenizer
 from surge.sampling_params import SamplingParams
 
@@ -78,7 +78,8 @@ class AsyncEngineClient:
         self._queues: dict[str, asyncio.Queue[RequestDelta | _Failure]] = {}
         self._stats = EngineStats(num_blocks=info.num_blocks, block_size=info.block_size)
         self._iteration_tokens: list[int] = []
-        self.throughput = ThroughputMeter()  # for admission's estimate of a request's wait
+        # What a step costs by its shape: admission's estimate of a request's wait.
+        self.step_cost = StepCostModel(info.step_samples)
         self._send_lock = threading.Lock()
         self._loop = asyncio.get_running_loop()
         self.dead_reason: str | None = None
@@ -247,10 +248,7 @@ class AsyncEngineClient:
     def _dispatch(self, msg: FromEngine) -> None:
         if isinstance(msg, Outputs):
             self._stats = msg.stats
-            st = msg.stats
-            busy = st.num_running + st.num_waiting > 0
-            tokens = st.prompt_tokens + st.generation_tokens
-            self.throughput.observe(time.monotonic(), tokens, st.num_steps, busy)
+            self.step_cost.observe(msg.stats.step_samples)
             if len(self._iteration_tokens) < 100_000:  # bounded if nobody scrapes
                 self._iteration_tokens.extend(msg.stats.iteration_tokens)
             deltas, to_abort = self._processor.process(msg.outputs)

@@ -107,9 +107,12 @@ class EngineCore:
         self._generation_tokens = 0
         self._num_steps = 0
         self._iteration_tokens: list[int] = []
+        # Per step since the last stats: (tokens, rows, seconds), for admission's step-cost model.
+        self._step_samples: list[tuple[int, int, float]] = []
         self._step_tokens = 0
         self._prefill_tokens = 0
         self._step_time_s = 0.0
+        self._step_tokens_last = self._step_rows_last = 0
         self.wait_time_s = 0.0  # the process loop adds the time it blocks waiting for work
 
     def _check_batch_invariant(self, config: EngineConfig) -> SchedulerConfig:
@@ -203,13 +206,33 @@ class EngineCore:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def reset_after_calibration(self) -> None:
+        """Forget the start-up calibration's requests (engine/calibrate.py): their cached prefix
+        blocks and every counter they moved, so the metrics start from zero."""
+        if self.has_work():
+            raise RuntimeError("calibration left requests behind")
+        self.blocks.reset_prefix_cache()
+        self.blocks.prefix_cache_queries = self.blocks.prefix_cache_hits = 0
+        sched = self.scheduler
+        sched.spec_num_drafts = sched.spec_draft_tokens = sched.spec_accepted_tokens = 0
+        sched.num_preemptions = sched.num_blocked_on_kv = 0
+        sched.tenant_tokens.clear()
+        self._prompt_tokens = self._generation_tokens = self._num_steps = 0
+        self._step_tokens = self._prefill_tokens = 0
+        self._step_time_s = self.wait_time_s = 0.0
+        self._iteration_tokens, self._step_samples = [], []
+
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[EngineCoreOutput]:
         started = time.perf_counter()
+        steps = self._num_steps
         try:
             return self._step()
         finally:
-            self._step_time_s += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self._step_time_s += elapsed
+            if self._num_steps > steps and len(self._step_samples) < 4096:
+                self._step_samples.append((self._step_tokens_last, self._step_rows_last, elapsed))
 
     def _step(self) -> list[EngineCoreOutput]:
         if self.loras is not None and self.loras.retiring:
@@ -222,6 +245,7 @@ class EngineCore:
         advanced = self.scheduler.update(batch, sampled)
         self._num_steps += 1
         self._iteration_tokens.append(batch.num_tokens)
+        self._step_tokens_last, self._step_rows_last = batch.num_tokens, len(batch.requests)
         self._step_tokens += batch.num_tokens
         self._prefill_tokens += sum(len(s.token_ids) for s in batch.requests if not s.is_decode)
         outputs: list[EngineCoreOutput] = []
@@ -258,6 +282,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         sched = self.scheduler
         iteration_tokens, self._iteration_tokens = self._iteration_tokens, []
+        step_samples, self._step_samples = self._step_samples, []
         lora_names = self.loras.names_by_slot() if self.loras is not None else {}
         return EngineStats(
             num_running=sched.num_running,
@@ -273,6 +298,7 @@ class EngineCore:
             generation_tokens=self._generation_tokens,
             num_steps=self._num_steps,
             iteration_tokens=iteration_tokens,
+            step_samples=step_samples,
             tenant_tokens=dict(sched.tenant_tokens),
             lora_running=self._adapters_of(sched.running, lora_names),
             lora_waiting=self._adapters_of(sched.waiting, lora_names),

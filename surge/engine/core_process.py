@@ -13,6 +13,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from surge.engine.calibrate import calibrate
 from surge.engine.config import EngineConfig
 from surge.engine.core import EngineCore
 from surge.engine.protocol import (
@@ -46,6 +47,7 @@ def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection)
             with contextlib.suppress(OSError, BrokenPipeError):
                 outbox.send(Fatal(str(e)))
             raise SystemExit(1) from None
+        step_samples = calibrate(engine)  # before Ready: admission needs it for a first burst
         outbox.send(
             Ready(
                 model_path=str(engine.files.path),
@@ -57,6 +59,7 @@ def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection)
                 block_size=engine.plan.block_size,
                 lora_adapters=engine.list_loras(),
                 max_loras=engine.config.lora.max_loras if engine.loras is not None else 0,
+                step_samples=step_samples,
             )
         )
         _loop(engine, inbox, outbox)

@@ -55,6 +55,8 @@ class EngineStats:
     generation_tokens: int = 0
     num_steps: int = 0
     iteration_tokens: list[int] = field(default_factory=list)  # tokens per step since last stats
+    # (tokens, rows, seconds) per step since last stats: what a step of that shape costs.
+    step_samples: list[tuple[int, int, float]] = field(default_factory=list)
     # Tokens scheduled per tenant since start (prefill + decode): the service each tenant got.
     tenant_tokens: dict[str, int] = field(default_factory=dict)
     # LoRA adapters of running / waiting requests (vLLM's lora_requests_info), and the slots.

@@ -59,6 +59,8 @@ class Ready:
     block_size: int
     lora_adapters: tuple[tuple[str, str], ...] = ()  # (name, path) loaded at start
     max_loras: int = 0  # 0: LoRA is not enabled
+    # (tokens, rows, seconds) of steps measured at start (engine/calibrate.py); () when skipped.
+    step_samples: tuple[tuple[int, int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from enum import Enum
 from types import TracebackType
 
 from surge.server.errors import RateLimitError, ServiceUnavailableError
-from surge.server.queue_wait import Backlog, EngineShape, Work
+from surge.server.queue_wait import Backlog, EngineShape, StepCost, Work
 
 
 class _State(Enum):
@@ -159,13 +159,13 @@ class AdmissionController:
         *,
         work: Work | None = None,
         max_wait_s: float | None = None,
-        step_s: float | None = None,
+        step_cost: StepCost | None = None,
     ) -> Admission:
         """Admit one request of `num_tokens` prompt tokens, or raise 429/503.
 
         `max_wait_s`: refuse (429, Retry-After the estimated wait) a request whose estimated
-        wait for its first token (queue_wait.py; `work` describes it, `step_s` is the engine's
-        measured busy seconds per step) exceeds it. The count bounds below stay as a backstop.
+        wait for its first token (queue_wait.py; `work` describes it, `step_cost` prices an engine
+        step by its shape) exceeds it. The count bounds below stay as a backstop.
 
         `tenant`: with `max_queued_per_tenant` set, one tenant may hold at most that many of the
         queued requests, so a single tenant cannot fill the shared queue ("" is a tenant too).
@@ -196,7 +196,7 @@ class AdmissionController:
                 code="queue_full",
             )
         work = work if work is not None else Work(num_tokens, tenant=tenant)
-        estimate = self.backlog.estimate_s(work, self.shape, step_s)
+        estimate = self.backlog.estimate_s(work, self.shape, step_cost)
         self.last_estimate_s = estimate  # for the metrics, admitted or refused
         if max_wait_s is not None and estimate is not None and estimate > max_wait_s:
             raise RateLimitError(

@@ -1,29 +1,35 @@
 """Deadline-aware admission: how long an arriving request would wait for its first token.
 
-The tokens ahead of it, in engine steps, times the engine's measured busy seconds per step
-(engine/throughput.py). Counting steps rather than dividing by a token rate keeps the estimate
-right as the batch grows: a step of 64 sequences costs little more than a step of 2, so a token
-rate measured at low load would overstate the wait of a burst many times over.
+The tokens ahead of it, in engine steps, each priced by its shape with the engine's step-cost
+model (engine/step_cost.py: seconds = a + b * tokens + c * rows, measured at start and refitted
+on every step since). Counting steps of a known shape, rather than dividing by a token rate or
+multiplying by a mean step time, keeps the estimate right as the batch grows: per token a step of
+64 sequences costs far less than a step of 2, but per step far more.
 
 - Prefill: the prompts ahead of it (its own is not counted), at the step's token budget
-  (max_num_batched_tokens) less the running decodes that share each step.
+  (max_num_batched_tokens) less the running decodes that share each step; each such step
+  costs a full budget's tokens over the running rows.
 - Decodes: when the batch has no free slot for it, each slot it waits for frees when a sequence
   ends: one sequence's expected decode (the mean of the limits in flight, or of the lengths
-  recently generated when shorter) spread over the batch's slots, in steps.
+  recently generated when shorter) spread over the batch's slots, in steps of a full batch.
 
 "Ahead" follows the engine's policy: every admitted request without a first token (fcfs); those
 of the same or a more urgent priority (priority; aging ignored); under fair share, all of its own
 tenant's and as many of each other tenant's as its own tenant has (round robin between tenants).
 The batch's slots are max_num_seqs, or fewer when the KV pool holds fewer of the mean sequence.
 
-Until the engine has stepped a few times nothing is measured, and only the count caps apply.
+Until a step cost is known (an engine that skipped its start-up measurement, before it has
+stepped a few times) only the count caps apply.
 The server exports each estimate against the wait it observed (surge:queue_wait_* metrics).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+
+StepCost = Callable[[int, int], float]  # (tokens, rows) -> seconds for one engine step
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +126,10 @@ class Backlog:
             tokens_ahead += tokens * take // seqs
         return seqs_ahead, tokens_ahead
 
-    def estimate_s(self, w: Work, shape: EngineShape, step_s: float | None) -> float | None:
+    def estimate_s(self, w: Work, shape: EngineShape, step_cost: StepCost | None) -> float | None:
         """Seconds until `w` is scheduled (its own prefill, a step or so, is not counted: a
-        lone request is never refused); None until the engine's step time is measured."""
-        if step_s is None:
+        lone request is never refused); None while no step cost is known."""
+        if step_cost is None:
             return None
         seqs = self._seqs + w.seqs
         limit_mean = (self._limits + w.decode_limit * w.seqs) / seqs
@@ -134,7 +140,10 @@ class Backlog:
             slots = min(slots, max(1, int(shape.kv_tokens // max(per_seq, 1.0))))
         seqs_ahead, prompts_ahead = self.ahead(w, shape.policy)
         slots_waited = max(0, seqs_ahead + 1 - max(0, slots - self.running_seqs))
-        budget = max(1, shape.max_batched_tokens - min(self.running_seqs, slots))
+        running = min(self.running_seqs, slots)
+        budget = max(1, shape.max_batched_tokens - running)
         prefill_steps = math.ceil(prompts_ahead / budget)
         decode_steps = slots_waited * length / slots
-        return step_s * (prefill_steps + decode_steps)
+        prefill_s = step_cost(shape.max_batched_tokens, running + 1) if prefill_steps else 0.0
+        decode_s = step_cost(slots, slots) if decode_steps else 0.0
+        return prefill_steps * prefill_s + decode_steps * decode_s

@@ -138,7 +138,7 @@ class ServerState:
             # current; the engine's waiting gauge lags by a step and is a subset of it.
             ticket = self.admission.admit(
                 num_prompt_tokens, tenant=tenant, work=work, max_wait_s=max_wait_s,
-                step_s=self.client.throughput.step_s,
+                step_cost=self.client.step_cost.seconds if self.client.step_cost.ready else None,
             )  # fmt: skip
         except SurgeHTTPError as e:
             self.metrics.observe_rejection(str(e.code or e.type))

@@ -1,0 +1,62 @@
+"""Measure what engine steps of known shapes cost, once at start, before serving.
+
+Admission estimates a request's wait in engine steps (server/queue_wait.py), and a burst
+arrives before the engine has run any step worth measuring; the first steps it would run are a
+small batch's, which on a CPU cost a fraction of a full batch's. So the engine runs, on random
+token ids, a prefill chunk of a whole step's token budget and a batch of short prompts through
+a few decode steps (each twice: the first pass pays one-time costs, page faults, lazy kernels),
+and reports the second pass's (tokens, rows, seconds) with its Ready message. Then it forgets
+them: their prefix-cache entries and counters are cleared, so the metrics start from zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from surge.engine.core import EngineCore
+from surge.engine.outputs import EngineCoreRequest
+from surge.engine.step_cost import StepSample
+from surge.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+MAX_ROWS = 64  # decode rows measured; the model extrapolates to max_num_seqs
+
+
+def calibrate(engine: EngineCore) -> tuple[StepSample, ...]:
+    started = time.perf_counter()
+    sched = engine.scheduler.config
+    block = engine.plan.block_size
+    free_tokens = engine.blocks.num_free_blocks * block
+    vocab = engine.files.spec.vocab_size
+    rng = random.Random(0)
+    long_len = max(1, min(sched.max_num_batched_tokens, engine.max_model_len - 2, free_tokens // 2))
+    short_len = min(8, long_len)
+    rows = max(1, min(sched.max_num_seqs, MAX_ROWS, free_tokens // (2 * (short_len + 4) + block)))
+    samples: list[StepSample] = []
+    for rep in range(2):
+        # Distinct ids each pass, so the second pass's prefill is not a prefix-cache hit.
+        batches = [[_ids(rng, vocab, long_len)], [_ids(rng, vocab, short_len) for _ in range(rows)]]
+        for b, prompts in enumerate(batches):
+            max_tokens = 1 if b == 0 else 4
+            for i, ids in enumerate(prompts):
+                params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+                engine.add_request(EngineCoreRequest(f"calibrate-{rep}-{b}-{i}", ids, params))
+            while engine.has_work():
+                engine.step()
+        drained = engine.stats().step_samples
+        if rep == 1:
+            samples = drained
+    engine.reset_after_calibration()
+    log.info(
+        "step costs measured in %.2f s: %s",
+        time.perf_counter() - started,
+        ", ".join(f"{t} tokens/{r} rows {s * 1e3:.1f} ms" for t, r, s in samples),
+    )
+    return tuple(samples)
+
+
+def _ids(rng: random.Random, vocab: int, n: int) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(n)]
