@@ -55,7 +55,7 @@ def one_run(args: argparse.Namespace, model: Path, forecaster: str, out_dir: Pat
         "--base-port", str(free_port()), "--metrics-port", str(mport), "--log-dir", str(out_dir),
         "--min-replicas", "1", "--max-replicas", str(args.max_replicas),
         "--target-ongoing", str(args.target_ongoing), "--interval", "1",
-        "--scale-down-window", str(args.period / 6), "--cpus-per-replica", "0",
+        "--scale-down-window", str(args.period / 6), "--cpus-per-replica", args.cpus_per_replica,
         "--forecaster", forecaster,
         "--forecast-horizon", str(horizon if forecaster != "none" else 0),
         "--forecast-step", str(args.period / 36), "--forecast-period", str(args.period),
@@ -164,6 +164,11 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=4)
     ap.add_argument("--target-ongoing", type=float, default=4.0)
     ap.add_argument("--max-replicas", type=int, default=3)
+    ap.add_argument(
+        "--cpus-per-replica", default="0",
+        help="autoscale's: 0 = unpinned; auto = the cores split between --max-replicas, so that "
+        "a replica adds capacity instead of contention",
+    )  # fmt: skip
     ap.add_argument("--cold-start", type=float, default=6.0, help="the horizon: start + tick")
     ap.add_argument("--slo", default="ttft=1s,tpot=50ms")
     ap.add_argument("--forecasters", default="none,seasonal")
