@@ -61,5 +61,10 @@ format: install
 	$(BIN)/ruff format surge tests benchmarks
 	$(BIN)/ruff check --fix surge tests benchmarks
 
+# The docs site (mkdocs-material) into site/; --strict: a broken link or anchor fails it.
+.PHONY: docs
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
