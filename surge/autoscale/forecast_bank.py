@@ -70,8 +70,12 @@ class ForecastBank:
         forecaster, unchecked (no prediction was made for them); then each one's prediction
         from `now_s`, so the metrics show it before the first tick."""
         for t in self.tracked:
-            for at_s, rate in points:
-                t.forecaster.update(at_s, rate)
+            bulk = getattr(t.forecaster, "seed", None)  # learned: trains once, at the end
+            if bulk is not None:
+                bulk(points)
+            else:
+                for at_s, rate in points:
+                    t.forecaster.update(at_s, rate)
             if points:
                 t.last = t.forecaster.predict(now_s, self.horizon_s)
 

@@ -3,13 +3,15 @@
 fleet whose arrival rate was a sinusoid, base 2, peak 20, period 1 h, over the last 3.5 hours),
 read back with the default query. Error bound: right at start, with 3 periods of history, the
 seasonal forecaster (period given) predicts every minute of the next period within 10% of the
-sinusoid's span (the bound the live-fed forecaster meets in test_forecasters.py); without the
-history it predicts nothing. Then a real `surge autoscale` (observe mode: no model to load)
-loads and exports the history, and starts anyway, with one warning, when Prometheus is down.
+sinusoid's span, the learned one within 20% at 1, 10 and 30 minutes (the bounds the live-fed
+forecasters meet in test_forecasters.py); without the history they predict nothing. Then a
+real `surge autoscale` (observe mode: no model to load) loads and exports the history, and
+starts anyway, with one warning, when Prometheus is down.
 Every process is stopped by its PID."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import subprocess
@@ -107,7 +109,7 @@ async def test_backfilled_seasonal_forecast_is_right_one_period_ahead_at_start(
         points = await fetch_history(client, history(prometheus.url), now_unix)
     # One point a step over 3 h; the last minute or so may lack a rate (no newer samples).
     assert 175 <= len(points) <= 181, len(points)
-    assert all(b - a == pytest.approx(STEP) for (a, _), (b, _) in zip(points, points[1:]))
+    assert all(b - a == pytest.approx(STEP) for (a, _), (b, _) in itertools.pairwise(points))
 
     fresh = seasonal_bank()
     assert [v.predicted_rps for v in fresh.views()] == [None, None]  # no history, no forecast
@@ -116,6 +118,25 @@ async def test_backfilled_seasonal_forecast_is_right_one_period_ahead_at_start(
     assert backfill(bank, points, now_mono, now_unix) == len(points)
     assert all(v.predicted_rps is not None for v in bank.views())
     assert worst_error_one_period_ahead(bank, now_mono, now_unix) <= 0.10
+
+
+async def test_backfilled_learned_forecast_is_within_20_percent_at_start(
+    prometheus: PrometheusProcess,
+) -> None:
+    """The GRU trains once on the whole history (its training is capped while seeding)."""
+    pytest.importorskip("torch")
+    now_unix = time.time()
+    async with httpx.AsyncClient() as client:
+        points = await fetch_history(client, history(prometheus.url), now_unix)
+    config = AutoscalerConfig(forecaster="learned", forecast_step_s=STEP,
+                              forecast_period_s=PERIOD, forecast_horizon_s=STEP)  # fmt: skip
+    bank, now_mono = ForecastBank(config), 5_000.0
+    backfill(bank, points, now_mono, now_unix)
+    learned = next(t.forecaster for t in bank.tracked if t.name == "learned")
+    assert learned.trained  # type: ignore[attr-defined]
+    for h in (60.0, 600.0, 1800.0):  # rolling the GRU forward is the slow part
+        got = learned.predict(now_mono, h)
+        assert got is not None and abs(got - sinus(now_unix + h)) / SPAN <= 0.20, h
 
 
 def test_backfill_skips_what_is_not_a_rate_and_keeps_the_ages() -> None:
