@@ -139,6 +139,7 @@ async def fetch_history(
     client: httpx.AsyncClient, config: HistoryConfig, now_unix: float
 ) -> list[tuple[float, float]]:
     """(unix time, rate) of the last `history_s`, oldest first; raises HistoryError."""
+    now_unix = math.floor(now_unix * 1000) / 1000  # as sent (ms): no point after now_unix
     start = now_unix - config.history_s
     points: list[tuple[float, float]] = []
     chunk_s = MAX_POINTS_PER_QUERY * config.step_s

@@ -139,6 +139,18 @@ async def test_backfilled_learned_forecast_is_within_20_percent_at_start(
         assert got is not None and abs(got - sinus(now_unix + h)) / SPAN <= 0.20, h
 
 
+async def test_a_long_history_is_read_in_queries_prometheus_accepts(
+    prometheus: PrometheusProcess,
+) -> None:
+    """3.4 h at 1 s steps is 12,240 points, over Prometheus's cap of 11,000 a query (one query
+    is refused): two queries, each point once, on one grid."""
+    config = HistoryConfig(prometheus.url, default_query(1.0), 3.4 * 3600, 1.0)
+    async with httpx.AsyncClient() as client:
+        points = await fetch_history(client, config, time.time())
+    assert len(points) >= 12_100, len(points)
+    assert all(b - a == pytest.approx(1.0) for (a, _), (b, _) in itertools.pairwise(points))
+
+
 def test_backfill_skips_what_is_not_a_rate_and_keeps_the_ages() -> None:
     bank = ForecastBank(AutoscalerConfig(forecaster="holt"))
     now_unix, now_mono = 1_700_000_000.0, 100.0
