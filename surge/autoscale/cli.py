@@ -21,6 +21,7 @@ from pathlib import Path
 
 from surge.autoscale.config import AutoscalerConfig
 from surge.autoscale.controller import Autoscaler
+from surge.autoscale.history import add_history_flags, history_config, load_history
 from surge.autoscale.observe import add_observe_flags, observed_provider
 from surge.autoscale.providers.base import Provider, ReplicaStartError, wait_healthy
 from surge.autoscale.providers.local import LocalProcessProvider, LocalProviderConfig
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gateway-arg", action="append", default=[], help="passed to `surge gateway`")
     p.add_argument("--log-level", default=os.environ.get("SURGE_LOG_LEVEL", "INFO"))
     add_observe_flags(p)
+    add_history_flags(p)
     defaults = AutoscalerConfig()
     for flag, (name, kind, text) in _FLAGS.items():
         p.add_argument(flag, type=kind, default=getattr(defaults, name), help=text)
@@ -183,6 +185,10 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
     scaler = Autoscaler(config, provider, None if observed else upstreams, metrics)
     if observed is not None:
         scaler.act, scaler.gateway_url = False, args.gateway_url
+    history = history_config(args, config)
+    if history is not None:  # before the first tick: the forecasters start knowing the past
+        metrics.set_history_points(await load_history(scaler.forecasts, history, scaler.clock))
+        metrics.observe_forecasts(scaler.forecasts.views())
     keda = None
     if args.keda_external_scaler_port is not None:
         try:

@@ -10,6 +10,7 @@ first tick at or after t + horizon; the exported figure is the mean absolute err
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from surge.autoscale.config import AutoscalerConfig
@@ -63,6 +64,20 @@ class ForecastBank:
                 step = min(self.step_s, self.horizon_s)
                 chosen = peak_ahead(t.forecaster, now_s, self.horizon_s, step)
         return chosen
+
+    def seed(self, points: Sequence[tuple[float, float]], now_s: float) -> None:
+        """Past (time, rate) observations, oldest first (history.py's backfill): fed to every
+        forecaster, unchecked (no prediction was made for them); then each one's prediction
+        from `now_s`, so the metrics show it before the first tick."""
+        for t in self.tracked:
+            bulk = getattr(t.forecaster, "seed", None)  # learned: trains once, at the end
+            if bulk is not None:
+                bulk(points)
+            else:
+                for at_s, rate in points:
+                    t.forecaster.update(at_s, rate)
+            if points:
+                t.last = t.forecaster.predict(now_s, self.horizon_s)
 
     def views(self) -> list[ForecastView]:
         return [

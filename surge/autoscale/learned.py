@@ -11,6 +11,7 @@ forward to the horizon. Until it has trained it answers the last bin's mean.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,7 @@ class LearnedForecaster:
         self.period_bins: int | None = None if c.period_s is None else round(c.period_s / c.step_s)
         self.bins = RateBins(c.step_s, c.max_history_bins)
         self.trained = False
+        self._seeding = False  # seed() under way: training waits for the whole history
         self._cache: dict[int, float] = {}  # target bin -> prediction, for the current history
 
     @property
@@ -61,12 +63,32 @@ class LearnedForecaster:
     def update(self, now_s: float, value: float) -> None:
         self.bins.add(now_s, value, self._close)
 
+    def seed(self, points: Sequence[tuple[float, float]], max_rounds: int = 32) -> None:
+        """Past (time, rate) observations in bulk (the history from Prometheus, history.py): the
+        same bins as update(), but the training rounds they would have made, one every
+        `train_every` bins (a day of minute bins: minutes of CPU), are capped at `max_rounds`,
+        run at the end over the whole history."""
+        closed = self.bins.closed
+        self._seeding = True
+        try:
+            for at_s, value in points:
+                self.update(at_s, value)
+        finally:
+            self._seeding = False
+        rounds = min(max_rounds, (self.bins.closed - closed) // self.config.train_every)
+        if len(self.history) > self.config.window + 1:
+            for _ in range(rounds):
+                self._train()
+        self._cache.clear()
+
     def _close(self, x: float, clock_bin: int) -> None:
         """A bin closed (it is in the history): look for the season now and then, and train."""
         c = self.config
         self._cache.clear()
         if self.period_bins is None and self.bins.closed % 64 == 0:
             self.period_bins = detect_period(np.asarray(self.history))
+        if self._seeding:
+            return  # seed() trains once the history is in
         if self.bins.closed % c.train_every == 0 and len(self.history) > c.window + 1:
             self._train()
 

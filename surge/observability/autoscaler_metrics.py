@@ -61,6 +61,14 @@ class AutoscalerMetrics:
             "surge_autoscaler_replicas_limit", "The configured replica bounds (min, max).",
             ["bound"], registry=reg,
         )  # fmt: skip
+        self.history_points = Gauge(
+            "surge_autoscaler_forecast_history_points",
+            "Past arrival-rate points loaded from Prometheus into the forecasters at start.",
+            registry=reg,
+        )  # fmt: skip
+
+    def set_history_points(self, points: int) -> None:
+        self.history_points.set(points)
 
     def set_limits(self, min_replicas: int, max_replicas: int) -> None:
         self.limits.labels("min").set(min_replicas)
