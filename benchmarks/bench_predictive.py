@@ -1,7 +1,10 @@
 """Predictive scaling for real, scaled down: `surge autoscale` with local replicas of the tiny
 test model (a random 2-layer Llama with SmolLM2's tokenizer; the default model's replicas do not
 fit 2 cores several times over), driven by `surge bench --traffic sinusoid` with a period of
-minutes for several periods, once per forecaster (none, then seasonal with the period given).
+minutes for several periods, once per policy: no forecast, the seasonal forecast with the period
+given and no history, and the same seeded at start from a real Prometheus holding
+--history-periods of the same traffic (`--forecast-history-url`, as a fleet whose Prometheus has
+watched its traffic would start).
 
 It samples the autoscaler's metrics every 0.5 s and reports, per run and per period, when the
 ready replicas reached that period's maximum against when the load crossed half-way up its rise
@@ -11,12 +14,14 @@ stopped by PID.
 
     python benchmarks/bench_predictive.py --period 180 --periods 4 --out /tmp/predictive
     python benchmarks/bench_predictive.py --period 40 --periods 2 --out /tmp/smoke   # smoke
+    (--cpus-per-replica auto pins each replica to its own cores, so that one adds capacity)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -30,6 +35,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_autoscale import metric
 from tests.conftest import write_tiny_llama
+from tests.observability.prom_process import PrometheusProcess
+from tests.observability.prometheus_bin import binary
 from tests.servers import free_port
 
 
@@ -47,9 +54,44 @@ def sample(metrics_url: str, stop: threading.Event, out: list[tuple[float, float
             stop.wait(0.5)
 
 
-def one_run(args: argparse.Namespace, model: Path, forecaster: str, out_dir: Path) -> dict:
+HISTORY_WINDOW_S = 6  # the history query's rate window: short against a period of minutes
+
+
+def history_prometheus(args: argparse.Namespace, folder: Path, t0_unix: float) -> PrometheusProcess:
+    """A Prometheus holding --history-periods of the run's own sinusoid before t0_unix (when the
+    bench will start), as the fleet's counter sampled every second: what a Prometheus that had
+    watched this traffic for that long would hold."""
+    folder.mkdir(parents=True, exist_ok=True)
+    swing, w = args.peak - args.base, 2 * math.pi / args.period
+
+    def received(t: float) -> float:  # the integral of bench's sinusoid rate from t = 0
+        return (args.base + swing / 2) * t - swing / 2 / w * math.cos(w * t)
+
+    start = -args.history_periods * args.period
+    lines = ["# TYPE surge:requests_received counter"]
+    for k in range(int(args.history_periods * args.period)):
+        t = start + k
+        value = received(t) - received(start)
+        lines.append(f'surge:requests_received_total{{model_name="test-model"}} {value:.4f} '
+                     f"{t0_unix + t:.3f}")  # fmt: skip
+    lines.append("# EOF")
+    (folder / "history.om").write_text("\n".join(lines) + "\n")
+    subprocess.run(
+        [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet",
+         str(folder / "history.om"), str(folder / "data")],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return PrometheusProcess(binary("prometheus"), folder, {}, [])
+
+
+def one_run(args: argparse.Namespace, model: Path, policy: str, out_dir: Path) -> dict:
     port, mport = free_port(), free_port()
     horizon = args.cold_start + 2
+    forecaster, _, seeded = policy.partition("+")  # "seasonal+history": history at start
+    prom = None
+    t0_unix = time.time() + args.start_margin
+    if seeded:
+        prom = history_prometheus(args, out_dir / f"prom-{forecaster}", t0_unix)
     cmd = [
         sys.executable, "-m", "surge.cli", "autoscale", "--port", str(port),
         "--base-port", str(free_port()), "--metrics-port", str(mport), "--log-dir", str(out_dir),
@@ -62,7 +104,11 @@ def one_run(args: argparse.Namespace, model: Path, forecaster: str, out_dir: Pat
         "--", "--model", str(model), "--dtype", "float32", "--served-model-name", "test-model",
         "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-memory-gib", "0.1",
     ]  # fmt: skip
-    log = (out_dir / f"autoscale-{forecaster}.log").open("wb")
+    if prom is not None:
+        at = cmd.index("--")
+        cmd[at:at] = ["--forecast-history-url", prom.url, "--forecast-history-query",
+                      f"sum(rate(surge:requests_received_total[{HISTORY_WINDOW_S}s]))"]  # fmt: skip
+    log = (out_dir / f"autoscale-{policy}.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     samples: list[tuple[float, float, float]] = []
@@ -78,11 +124,17 @@ def one_run(args: argparse.Namespace, model: Path, forecaster: str, out_dir: Pat
             time.sleep(0.5)
         else:
             raise RuntimeError(f"the gateway did not come up; see {log.name}")
+        if prom is not None:  # the history's phase: the bench starts when the history said
+            late = time.time() - t0_unix
+            if late > 0:
+                print(f"{policy}: the gateway came up {late:.1f} s after the history's t = 0 "
+                      "(raise --start-margin): the history is that much out of phase")  # fmt: skip
+            time.sleep(max(0.0, -late))
         t0 = time.monotonic()
         sampler = threading.Thread(target=sample, args=(f"http://127.0.0.1:{mport}/metrics",
                                                          stop, samples, t0))  # fmt: skip
         sampler.start()
-        result = out_dir / f"bench-{forecaster}.json"
+        result = out_dir / f"bench-{policy}.json"
         bench = [
             sys.executable, "-m", "surge.cli", "bench", "--url", url, "--model", "test-model",
             "--traffic", f"sinusoid:base={args.base},peak={args.peak},period={args.period}",
@@ -103,9 +155,11 @@ def one_run(args: argparse.Namespace, model: Path, forecaster: str, out_dir: Pat
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+        if prom is not None:
+            prom.stop()
     summary = json.loads(result.read_text())["summary"]
     goodput = summary.get("goodput") or {}
-    return {"forecaster": forecaster, "samples": samples, "leads": leads(samples, args),
+    return {"forecaster": policy, "samples": samples, "leads": leads(samples, args),
             "slo_attainment": goodput.get("fraction_met"),
             "requests": summary["num_requests"], "errors": summary["num_errors"]}  # fmt: skip
 
@@ -128,8 +182,6 @@ def leads(samples: list[tuple[float, float, float]], args: argparse.Namespace) -
 
 
 def plot(runs: list[dict], args: argparse.Namespace, path: Path) -> None:
-    import math
-
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -171,7 +223,16 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--cold-start", type=float, default=6.0, help="the horizon: start + tick")
     ap.add_argument("--slo", default="ttft=1s,tpot=50ms")
-    ap.add_argument("--forecasters", default="none,seasonal")
+    ap.add_argument(
+        "--forecasters", default="none,seasonal,seasonal+history",
+        help="runs, one after another: a forecaster, or FORECASTER+history to seed it at start "
+        "from a Prometheus holding --history-periods of the same traffic",
+    )  # fmt: skip
+    ap.add_argument("--history-periods", type=float, default=2.0)
+    ap.add_argument(
+        "--start-margin", type=float, default=45.0,
+        help="+history: seconds from writing the history to the bench's start",
+    )  # fmt: skip
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out_dir = Path(args.out)
