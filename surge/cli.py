@@ -112,11 +112,8 @@ def _delegated(argv: Sequence[str]) -> int | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    delegated = _delegated(argv)
-    if delegated is not None:
-        return delegated
+def build_parser() -> argparse.ArgumentParser:
+    """`surge`'s parser (bench, gateway, autoscale and top parse their own arguments)."""
     parser = argparse.ArgumentParser(prog="surge", description="Serve LLMs to many users at once.")
     parser.add_argument("--log-level", default=os.environ.get("SURGE_LOG_LEVEL", "INFO"))
     sub = parser.add_subparsers(dest="command", required=True)
@@ -143,8 +140,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_engine_args(srv)
     add_server_args(srv)
     srv.set_defaults(func=cmd_serve)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    delegated = _delegated(argv)
+    if delegated is not None:
+        return delegated
+    args = build_parser().parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", INDUCTOR_CACHE_DIR)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"
