@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -11,16 +10,8 @@ import time
 from collections.abc import Sequence
 
 from surge.cli_server import add_server_args, server_config
-from surge.engine.config import (
-    QUANTIZATIONS,
-    SCHEDULING_POLICIES,
-    CacheConfig,
-    EngineConfig,
-    LoRAConfig,
-    ModelConfig,
-    SchedulerConfig,
-    SpeculativeConfig,
-)
+from surge.config_cli import add_config_args, config_from_args
+from surge.engine.config import EngineConfig
 
 # torch.compile's graphs (--compile): inductor's own default cache is under /tmp, gone at
 # reboot, and the five decode graphs took 505 s to build cold on 2 cores against 146 s from
@@ -29,193 +20,16 @@ from surge.engine.config import (
 INDUCTOR_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "surge", "inductor")
 
 
+ENGINE_GROUP = "engine"
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default=os.environ.get("SURGE_MODEL", "smollm2-135m"))
-    g.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="auto: bf16 where the device has native bf16 matmuls, else fp16 (CUDA) or fp32",
-    )
-    g.add_argument(
-        "--kv-cache-dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16", "int8"],
-        help="auto: the model's dtype, but bf16 where auto chose float32 on a CPU; int8: "
-        "a scale per token and head, half of bf16's bytes",
-    )
-    g.add_argument(
-        "--quantization",
-        default="auto",
-        choices=QUANTIZATIONS,
-        help="auto: a Q4_1 GGUF's own 4-bit blocks (q4) on a CPU with their kernel (AVX2 or "
-        "AVX-512 VNNI), else none; int8 weights (per-channel scales; int8 picks the kernel per "
-        "batch shape); q4: 4-bit blocks (GGUF Q4_1) for decode batches, int8 for larger ones",
-    )
-    g.add_argument("--compile", action="store_true", help="torch.compile the decode step (opt-in)")
-    g.add_argument(
-        "--no-fused-decode",
-        action="store_true",
-        help="q4: run decode steps layer by layer, not as one compiled call",
-    )
-    g.add_argument(
-        "--batch-invariant",
-        action="store_true",
-        help="greedy output identical whatever else is in the batch (q4 on CPU: every step on "
-        "the int8 copies; small steps slower, see docs/precision.md)",
-    )
-    g.add_argument(
-        "--enforce-eager",
-        action="store_true",
-        help="GPU: run decode steps eagerly, not replayed from captured CUDA graphs",
-    )
-    g.add_argument("--device", default="auto")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument(
-        "--kv-cache-memory-gib",
-        type=float,
-        default=None,
-        help="memory for the KV cache (default: 2 on a CPU; on a GPU what "
-        "--gpu-memory-utilization leaves after the weights)",
-    )
-    g.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=0.9,
-        help="GPU: the share of its memory this instance may hold (weights, KV cache, steps)",
-    )
-    g.add_argument("--num-kv-blocks", type=int, default=None)
-    g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=int, default=512)
-    g.add_argument(
-        "--scheduling-policy",
-        default="fcfs",
-        choices=SCHEDULING_POLICIES,
-        help="fcfs; priority (lower value sooner, with aging); fair (per-tenant token share, "
-        "VTC); priority-fair (priority bands, fair share within a band)",
-    )
-    g.add_argument(
-        "--priority-aging-s",
-        type=float,
-        default=5.0,
-        help="seconds of waiting worth one priority level (0: no aging; low priority may starve)",
-    )
-    g.add_argument(
-        "--preemption-threshold",
-        type=int,
-        default=1,
-        help="a waiting request may preempt running work this many priority levels less urgent "
-        "when the batch is full (0: never)",
-    )
-    g.add_argument(
-        "--tenant-weight",
-        action="append",
-        default=[],
-        metavar="TENANT=WEIGHT",
-        help="fair-share weight of a tenant (repeatable; others weigh 1)",
-    )
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument(
-        "--no-kernels", action="store_true", help="torch ops only (no compiled CPU attention)"
-    )
-    lora = p.add_argument_group("LoRA adapters (PEFT folders; a request names one as `model`)")
-    lora.add_argument("--enable-lora", action="store_true", help="implied by --lora-modules")
-    lora.add_argument(
-        "--lora-modules",
-        nargs="+",
-        default=[],
-        metavar="NAME=PATH",
-        help='adapters loaded at start: NAME=PATH or {"name": ..., "path": ...}',
-    )
-    lora.add_argument("--max-loras", type=int, default=4, help="adapters resident at once")
-    lora.add_argument("--max-lora-rank", type=int, default=16)
-    g.add_argument(
-        "--speculative-config",
-        default=None,
-        metavar="JSON",
-        help='speculative decoding, vLLM\'s form: {"method": "ngram", "num_speculative_tokens": '
-        '4, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "disable_by_batch_size": N}',
-    )
-
-
-def parse_tenant_weight(text: str) -> tuple[str, float]:
-    tenant, sep, weight = text.rpartition("=")
-    try:
-        if not sep or not tenant:
-            raise ValueError
-        return tenant, float(weight)
-    except ValueError:
-        raise SystemExit(f"--tenant-weight expects TENANT=WEIGHT, got {text!r}") from None
-
-
-def parse_lora_module(text: str) -> tuple[str, str]:
-    """vLLM's --lora-modules forms: name=path, or a JSON object with name and path."""
-    if text.lstrip().startswith("{"):
-        try:
-            obj = json.loads(text)
-            return str(obj["name"]), str(obj["path"])
-        except (ValueError, KeyError, TypeError):
-            raise SystemExit(f"--lora-modules: bad JSON adapter {text!r}") from None
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise SystemExit(f"--lora-modules expects NAME=PATH, got {text!r}")
-    return name, path
-
-
-def speculative_config(text: str | None) -> SpeculativeConfig:
-    if not text:
-        return SpeculativeConfig()
-    try:
-        fields = json.loads(text)
-        if not isinstance(fields, dict):
-            raise TypeError("not an object")
-        return SpeculativeConfig(**fields)
-    except (ValueError, TypeError) as e:
-        raise SystemExit(f"--speculative-config: {e}") from None
+    """The engine's flags, one argument group per part of EngineConfig (its fields' metadata)."""
+    add_config_args(p, EngineConfig, ENGINE_GROUP)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=ModelConfig(
-            model=args.model,
-            dtype=args.dtype,
-            device=args.device,
-            max_model_len=args.max_model_len,
-            seed=args.seed,
-            use_kernels=not args.no_kernels,
-            quantization=args.quantization,
-            compile=args.compile,
-            fused_decode=not args.no_fused_decode,
-            cuda_graphs=not args.enforce_eager,
-            batch_invariant=args.batch_invariant,
-        ),
-        cache=CacheConfig(
-            block_size=args.block_size,
-            kv_cache_memory_gib=args.kv_cache_memory_gib,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            num_blocks=args.num_kv_blocks,
-            enable_prefix_caching=not args.no_prefix_caching,
-            kv_cache_dtype=args.kv_cache_dtype,
-        ),
-        scheduler=SchedulerConfig(
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            policy=args.scheduling_policy,
-            priority_aging_s=args.priority_aging_s or None,
-            preemption_threshold=args.preemption_threshold or None,
-            tenant_weights=tuple(parse_tenant_weight(w) for w in args.tenant_weight),
-        ),
-        lora=LoRAConfig(
-            enable_lora=args.enable_lora,
-            max_loras=args.max_loras,
-            max_lora_rank=args.max_lora_rank,
-            adapters=tuple(parse_lora_module(m) for m in args.lora_modules),
-        ),
-        speculative=speculative_config(args.speculative_config),
-    )
+    return config_from_args(EngineConfig, args, ENGINE_GROUP)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -298,11 +112,8 @@ def _delegated(argv: Sequence[str]) -> int | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    delegated = _delegated(argv)
-    if delegated is not None:
-        return delegated
+def build_parser() -> argparse.ArgumentParser:
+    """`surge`'s parser (bench, gateway, autoscale and top parse their own arguments)."""
     parser = argparse.ArgumentParser(prog="surge", description="Serve LLMs to many users at once.")
     parser.add_argument("--log-level", default=os.environ.get("SURGE_LOG_LEVEL", "INFO"))
     sub = parser.add_subparsers(dest="command", required=True)
@@ -329,8 +140,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_engine_args(srv)
     add_server_args(srv)
     srv.set_defaults(func=cmd_serve)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    delegated = _delegated(argv)
+    if delegated is not None:
+        return delegated
+    args = build_parser().parse_args(argv)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", INDUCTOR_CACHE_DIR)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s"

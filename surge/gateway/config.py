@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import urlsplit
 
+from surge.config_cli import flag, group
 from surge.deadline import TIMEOUT_HEADER
 from surge.discovery import DnsTarget
 from surge.observability.tracing import TracingConfig
@@ -67,13 +68,34 @@ class UpstreamConfig:
 class BreakerConfig:
     """Per-upstream circuit breaker (defaults close to SGLang's model gateway)."""
 
-    failure_threshold: int = 5  # consecutive failures that open the circuit
-    failure_rate: float = 0.5  # or this share of failures within window_s ...
-    min_requests: int = 20  # ... once the window holds at least this many outcomes
-    window_s: float = 60.0
-    open_s: float = 30.0  # cool-down before half-open
-    half_open_max_requests: int = 1  # trial requests admitted at once while half-open
-    success_threshold: int = 2  # trial successes that close the circuit
+    # consecutive failures that open the circuit
+    failure_threshold: int = field(
+        default=5, metadata=flag("consecutive failures to open", name="breaker-failures")
+    )
+    # or this share of failures within window_s ...
+    failure_rate: float = field(
+        default=0.5, metadata=flag("failure share to open", name="breaker-failure-rate")
+    )
+    # ... once the window holds at least this many outcomes
+    min_requests: int = field(
+        default=20, metadata=flag("outcomes before the rate counts", name="breaker-min-requests")
+    )
+    window_s: float = field(
+        default=60.0, metadata=flag("seconds of the failure-rate window", name="breaker-window")
+    )
+    # cool-down before half-open
+    open_s: float = field(
+        default=30.0, metadata=flag("seconds open before half-open", name="breaker-open")
+    )
+    # trial requests admitted at once while half-open
+    half_open_max_requests: int = field(
+        default=1,
+        metadata=flag("trial requests at once while half-open", name="breaker-half-open-requests"),
+    )
+    # trial successes that close the circuit
+    success_threshold: int = field(
+        default=2, metadata=flag("trial successes to close", name="breaker-successes")
+    )
 
     def __post_init__(self) -> None:
         _at_least("failure_threshold", self.failure_threshold, 1)
@@ -88,16 +110,39 @@ class BreakerConfig:
 
 @dataclass(frozen=True, slots=True)
 class RetryConfig:
-    max_attempts: int = 3  # first try included; each retry goes to an upstream not yet tried
-    budget_ratio: float = 0.2  # retries allowed per request over budget_window_s ...
-    budget_min_retries: int = 10  # ... plus this many, so a quiet gateway can still retry
-    budget_window_s: float = 10.0
-    backoff_base_s: float = 0.01  # full-jitter exponential: uniform(0, base * 2**n), capped
-    backoff_max_s: float = 0.5
-    max_retry_after_s: float = 2.0  # wait at most this long for a refusing upstream's Retry-After
+    # first try included; each retry goes to an upstream not yet tried
+    max_attempts: int = field(default=3, metadata=flag("tries per request, first included"))
+    # retries allowed per request over budget_window_s ...
+    budget_ratio: float = field(
+        default=0.2, metadata=flag("retries per request in window", name="retry-budget-ratio")
+    )
+    # ... plus this many, so a quiet gateway can still retry
+    budget_min_retries: int = field(
+        default=10, metadata=flag("retries always allowed per window", name="retry-budget-min")
+    )
+    budget_window_s: float = field(
+        default=10.0, metadata=flag("seconds of the budget window", name="retry-budget-window")
+    )
+    # full-jitter exponential: uniform(0, base * 2**n), capped
+    backoff_base_s: float = field(
+        default=0.01, metadata=flag("seconds, doubled per retry", name="retry-backoff-base")
+    )
+    backoff_max_s: float = field(
+        default=0.5, metadata=flag("backoff cap in seconds", name="retry-backoff-max")
+    )
+    # wait at most this long for a refusing upstream's Retry-After
+    max_retry_after_s: float = field(
+        default=2.0,
+        metadata=flag(
+            "longest upstream Retry-After the gateway waits out itself", name="max-retry-after"
+        ),
+    )
     # A plain text stream whose upstream breaks mid-answer goes on, once, on another upstream
     # from where it stopped (gateway/resume.py); off: it ends with an error event.
-    resume_streams: bool = True
+    resume_streams: bool = field(default=True, metadata=flag(
+        "end a stream whose upstream breaks mid-answer with an error event, instead of "
+        "continuing its text on another upstream", name="no-stream-resume",
+        negate=True))  # fmt: skip
 
     def __post_init__(self) -> None:
         _at_least("max_attempts", self.max_attempts, 1)
@@ -111,10 +156,18 @@ class RetryConfig:
 
 @dataclass(frozen=True, slots=True)
 class TimeoutConfig:
-    connect_s: float = 2.0
-    first_byte_s: float = 60.0  # a stream's first chunk (a JSON answer is bounded by total_s)
-    idle_s: float = 30.0  # between two chunks of a stream
-    total_s: float = 600.0
+    connect_s: float = field(default=2.0, metadata=flag("seconds", name="connect-timeout"))
+    # a stream's first chunk (a JSON answer is bounded by total_s)
+    first_byte_s: float = field(
+        default=60.0, metadata=flag("seconds to the first chunk", name="first-byte-timeout")
+    )
+    # between two chunks of a stream
+    idle_s: float = field(
+        default=30.0, metadata=flag("seconds between stream chunks", name="idle-timeout")
+    )
+    total_s: float = field(
+        default=600.0, metadata=flag("seconds per request", name="total-timeout")
+    )
 
     def __post_init__(self) -> None:
         for name in ("connect_s", "first_byte_s", "idle_s", "total_s"):
@@ -123,12 +176,24 @@ class TimeoutConfig:
 
 @dataclass(frozen=True, slots=True)
 class HealthConfig:
-    interval_s: float = 2.0  # active /health probes; 0 turns them off
-    timeout_s: float = 1.0
-    healthy_threshold: int = 2  # consecutive probe successes that bring an upstream back
-    unhealthy_threshold: int = 2  # consecutive probe failures that take it out
-    outlier_failures: int = 3  # consecutive failures of real traffic that take it out
-    eject_s: float = 10.0  # without probes, how long an outlier stays out
+    # active /health probes; 0 turns them off
+    interval_s: float = field(
+        default=2.0, metadata=flag("seconds between probes; 0: none", name="health-interval")
+    )
+    timeout_s: float = field(
+        default=1.0, metadata=flag("probe and scrape timeout in seconds", name="health-timeout")
+    )
+    # consecutive probe successes that bring an upstream back
+    healthy_threshold: int = field(default=2, metadata=flag("probe successes to return"))
+    # consecutive probe failures that take it out
+    unhealthy_threshold: int = field(default=2, metadata=flag("probe failures to leave"))
+    # consecutive failures of real traffic that take it out
+    outlier_failures: int = field(default=3, metadata=flag("failed requests in a row to leave"))
+    # without probes, how long an outlier stays out
+    eject_s: float = field(
+        default=10.0,
+        metadata=flag("seconds an outlier stays out without probes", name="eject-time"),
+    )
 
     def __post_init__(self) -> None:
         _at_least("interval_s", self.interval_s, 0)
@@ -143,11 +208,24 @@ class HealthConfig:
 class PrefixConfig:
     """Prefix-cache-aware routing; the balance thresholds follow SGLang's cache-aware router."""
 
-    chunk_chars: int = 256  # one chained hash per this many characters of the rendered prompt
+    # one chained hash per this many characters of the rendered prompt
+    chunk_chars: int = field(
+        default=256, metadata=flag("characters per prefix hash", name="prefix-chunk-chars")
+    )
     max_chunks: int = 256  # hash at most this many chunks of a prompt
-    max_entries: int = 100_000  # LRU bound on remembered chunk hashes
-    balance_abs: int = 8  # leave the cached upstream when its load exceeds the least-loaded's
-    balance_rel: float = 1.5  # by more than balance_abs AND by more than this factor
+    # LRU bound on remembered chunk hashes
+    max_entries: int = field(
+        default=100_000, metadata=flag("prefix LRU bound", name="prefix-max-entries")
+    )
+    # leave the cached upstream when its load exceeds the least-loaded's
+    balance_abs: int = field(
+        default=8,
+        metadata=flag(
+            "leave the cached upstream when its load exceeds the least loaded by more than this ..."
+        ),
+    )
+    # by more than balance_abs AND by more than this factor
+    balance_rel: float = field(default=1.5, metadata=flag("... and by more than this factor"))
 
     def __post_init__(self) -> None:
         _at_least("chunk_chars", self.chunk_chars, 16)
@@ -159,10 +237,18 @@ class PrefixConfig:
 
 @dataclass(frozen=True, slots=True)
 class LimitConfig:
-    max_concurrency: int = 1024  # requests the gateway forwards at once
-    max_concurrency_per_key: int | None = None  # per Authorization header; None: no per-key cap
-    max_queue: int = 1024  # requests waiting for a slot; beyond this, 429 at once
-    queue_timeout_s: float = 30.0  # a waiting request gives up with 429 after this long
+    # requests the gateway forwards at once
+    max_concurrency: int = field(default=1024, metadata=flag("requests forwarded at once"))
+    # per Authorization header; None: no per-key cap
+    max_concurrency_per_key: int | None = field(
+        default=None, metadata=flag("per Authorization header")
+    )
+    # requests waiting for a slot; beyond this, 429 at once
+    max_queue: int = field(default=1024, metadata=flag("requests waiting for a slot; then 429"))
+    # a waiting request gives up with 429 after this long
+    queue_timeout_s: float = field(
+        default=30.0, metadata=flag("seconds a request may wait", name="queue-timeout")
+    )
 
     def __post_init__(self) -> None:
         _at_least("max_concurrency", self.max_concurrency, 1)
@@ -175,11 +261,27 @@ class LimitConfig:
 @dataclass(frozen=True, slots=True)
 class DegradeConfig:
     action: DegradeAction = DegradeAction.NONE
-    max_in_flight: int | None = None  # per upstream, unless its UpstreamConfig says otherwise
-    max_waiting: int | None = None  # saturated when /metrics reports more waiting than this
-    max_tokens_cap: int = 64
-    shed_status: int = 503
-    retry_after_s: float = 1.0
+    # per upstream, unless its UpstreamConfig says otherwise
+    max_in_flight: int | None = field(
+        default=None,
+        metadata=flag(
+            "an upstream is saturated at this many requests", name="max-in-flight-per-upstream"
+        ),
+    )
+    # saturated when /metrics reports more waiting than this
+    max_waiting: int | None = field(
+        default=None,
+        metadata=flag(
+            "... or when its /metrics reports more waiting than this", name="saturation-waiting"
+        ),
+    )
+    max_tokens_cap: int = field(
+        default=64, metadata=flag("max_tokens cap when degrading", name="degrade-max-tokens")
+    )
+    shed_status: int = field(default=503, metadata=flag("429 or 503"))
+    retry_after_s: float = field(
+        default=1.0, metadata=flag("Retry-After of a shed request", name="shed-retry-after")
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action", DegradeAction(self.action))
@@ -195,42 +297,93 @@ class DegradeConfig:
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
-    host: str = "127.0.0.1"
-    port: int = 8080
+    host: str = field(default="127.0.0.1", metadata=flag("listen address (default 127.0.0.1)"))
+    port: int = field(default=8080, metadata=flag("listen port (default 8080)"))
     upstreams: tuple[UpstreamConfig, ...] = ()
     fallback_upstreams: tuple[UpstreamConfig, ...] = ()
-    upstreams_file: str | None = None  # re-read on mtime change or SIGHUP; adds to `upstreams`
-    reload_interval_s: float = 1.0  # how often the file's mtime is checked
+    # re-read on mtime change or SIGHUP; adds to `upstreams`
+    upstreams_file: str | None = field(
+        default=None, metadata=flag("JSON/TOML/text file of upstreams, re-read on change or SIGHUP")
+    )
+    # how often the file's mtime is checked
+    reload_interval_s: float = field(
+        default=1.0, metadata=flag("seconds between file checks", name="reload-interval")
+    )
     policy: Policy = Policy.PREFIX
-    session_header: str = "x-session-id"  # session policy key; else the body's `user`
-    scrape_interval_s: float = 1.0  # upstream /metrics scrapes for load; 0 turns them off
-    max_body_bytes: int = 8 * 1024 * 1024
-    seed: int = 0  # the power-of-two policy and retry jitter draw from this
-    log_requests: bool = False
-    prefix: PrefixConfig = field(default_factory=PrefixConfig)
-    breaker: BreakerConfig = field(default_factory=BreakerConfig)
-    retry: RetryConfig = field(default_factory=RetryConfig)
-    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
-    health: HealthConfig = field(default_factory=HealthConfig)
-    limits: LimitConfig = field(default_factory=LimitConfig)
-    degrade: DegradeConfig = field(default_factory=DegradeConfig)
-    otlp_traces_endpoint: str | None = None  # OpenTelemetry spans over OTLP; None: off
-    otlp_traces_protocol: str = "http/protobuf"  # or "grpc"
+    # session policy key; else the body's `user`
+    session_header: str = field(default="x-session-id", metadata=flag("session policy key header"))
+    # upstream /metrics scrapes for load; 0 turns them off
+    scrape_interval_s: float = field(
+        default=1.0, metadata=flag("seconds between /metrics scrapes", name="scrape-interval")
+    )
+    max_body_bytes: int = field(
+        default=8 * 1024 * 1024, metadata=flag("larger request bodies get 413")
+    )
+    # the power-of-two policy and retry jitter draw from this
+    seed: int = field(default=0, metadata=flag("seed of the power-of-two draws and retry jitter"))
+    log_requests: bool = field(default=False, metadata=flag())
+    prefix: PrefixConfig = field(default_factory=PrefixConfig, metadata=group("prefix affinity"))
+    breaker: BreakerConfig = field(default_factory=BreakerConfig, metadata=group("circuit breaker"))
+    retry: RetryConfig = field(default_factory=RetryConfig, metadata=group("retries"))
+    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig, metadata=group("timeouts"))
+    health: HealthConfig = field(default_factory=HealthConfig, metadata=group("health checks"))
+    limits: LimitConfig = field(default_factory=LimitConfig, metadata=group("limits"))
+    degrade: DegradeConfig = field(default_factory=DegradeConfig, metadata=group(
+        "degradation (when every upstream is saturated)"))  # fmt: skip
+    # OpenTelemetry spans over OTLP; None: off
+    otlp_traces_endpoint: str | None = field(
+        default=None,
+        metadata=flag(
+            "OpenTelemetry collector for spans over OTLP/HTTP, e.g. "
+            "http://127.0.0.1:4318 "
+            "(default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)"
+        ),
+    )
+    # or "grpc"
+    otlp_traces_protocol: str = field(
+        default="http/protobuf",
+        metadata=flag(
+            "http/protobuf or grpc (default: "
+            "$OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else http/protobuf)"
+        ),
+    )
     # With no upstream at all (an autoscaler scaled the fleet to zero), a request waits this
     # long for one to appear, counted in surge_gateway_requests_awaiting_upstream, which is
     # what wakes the autoscaler. 0: 503 at once.
-    activation_timeout_s: float = 0.0
+    activation_timeout_s: float = field(
+        default=0.0,
+        metadata=flag(
+            "with no upstream at all (scaled to zero), seconds a request waits "
+            "for one (default 0: 503 at once)",
+            name="activation-timeout",
+        ),
+    )
     # A client may ask for a shorter deadline than timeouts.total_s in this header (seconds);
     # each attempt tells its upstream, in the same header, the time left (deadline propagation).
     timeout_header: str = TIMEOUT_HEADER
-    autoscaler_url: str | None = None  # its /metrics: desired/ready/forecast on the dashboard
+    # its /metrics: desired/ready/forecast on the dashboard
+    autoscaler_url: str | None = field(
+        default=None, metadata=flag("an autoscaler's metrics, for /dashboard")
+    )
     # dns://NAME:PORT targets (a headless Service): every address the name resolves to is a
     # primary upstream; re-resolved every discover_interval_s, so pods come and go.
     discover: tuple[str, ...] = ()
-    discover_interval_s: float = 5.0
+    discover_interval_s: float = field(
+        default=5.0,
+        metadata=flag(
+            "seconds between DNS resolutions of dns:// upstreams (default 5)",
+            name="discover-interval",
+        ),
+    )
     # SIGTERM: /health/ready turns 503 and new requests get 503 while those in flight finish,
     # for up to this long; then the gateway exits.
-    drain_timeout_s: float = 30.0
+    drain_timeout_s: float = field(
+        default=30.0,
+        metadata=flag(
+            "on SIGTERM, seconds in-flight requests may take to finish (default 30)",
+            name="drain-timeout",
+        ),
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", Policy(self.policy))

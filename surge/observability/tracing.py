@@ -19,13 +19,15 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from surge.config_cli import flag
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +37,37 @@ PROTOCOLS = ("http/protobuf", "grpc")  # OTEL_EXPORTER_OTLP_PROTOCOL's values we
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
+def endpoint_from_env() -> str | None:
+    """The default for `--otlp-traces-endpoint`: OpenTelemetry's own variables."""
+    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if traces:
+        return traces
+    return os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
+
+
+def protocol_from_env() -> str:
+    """The default for `--otlp-traces-protocol`: OpenTelemetry's variables, else HTTP."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        if value := os.environ.get(name):
+            return value
+    return "http/protobuf"
+
+
 @dataclass(frozen=True, slots=True)
 class TracingConfig:
     # The collector: over HTTP a base URL gets OTLP's /v1/traces appended; over gRPC it is the
     # server's address (http:// without TLS, https:// with). None: tracing off.
-    otlp_endpoint: str | None = None
+    otlp_endpoint: str | None = field(default=None, metadata=flag(
+        "send OpenTelemetry spans over OTLP to this collector, e.g. "
+        "http://127.0.0.1:4318 (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else off)",
+        name="otlp-traces-endpoint", default=endpoint_from_env))  # fmt: skip
     service_name: str = "surge"  # OTEL_SERVICE_NAME overrides it, as OpenTelemetry's SDKs do
     instance_id: str = ""  # service.instance.id: which replica (host:port) made the span
-    otlp_protocol: str = "http/protobuf"  # or "grpc" (collectors listen on 4318 and 4317)
+    # or "grpc" (collectors listen on 4318 and 4317)
+    otlp_protocol: str = field(default="http/protobuf", metadata=flag(
+        "http/protobuf (a collector's port 4318) or grpc (4317) "
+        "(default: $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else http/protobuf)",
+        name="otlp-traces-protocol", choices=PROTOCOLS, default=protocol_from_env))  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.otlp_protocol not in PROTOCOLS:
@@ -64,22 +89,6 @@ class TracingConfig:
         if parts.path in ("", "/") and self.otlp_protocol != "grpc":
             return self.otlp_endpoint.rstrip("/") + OTLP_TRACES_PATH
         return self.otlp_endpoint
-
-
-def endpoint_from_env() -> str | None:
-    """The default for `--otlp-traces-endpoint`: OpenTelemetry's own variables."""
-    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    if traces:
-        return traces
-    return os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
-
-
-def protocol_from_env() -> str:
-    """The default for `--otlp-traces-protocol`: OpenTelemetry's variables, else HTTP."""
-    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        if value := os.environ.get(name):
-            return value
-    return "http/protobuf"
 
 
 class Tracing:

@@ -39,9 +39,9 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(stored_responses.router)
     app.include_router(dashboard.router)
     # The last added is outermost: the size check runs inside the key check.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.config.max_body_bytes)
-    if state.config.api_keys:
-        app.add_middleware(ApiKeyMiddleware, api_keys=set(state.config.api_keys))
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.config.limits.max_body_bytes)
+    if state.config.auth.api_keys:
+        app.add_middleware(ApiKeyMiddleware, api_keys=set(state.config.auth.api_keys))
     app.add_middleware(ArrivalTimeMiddleware)  # stamps the arrival time first
     app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries the id
     return app

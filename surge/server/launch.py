@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 async def _drain_on_signal(server: DrainingServer, state: ServerState) -> None:
     await server.drain_requested.wait()
     state.admission.start_draining()
-    timeout = state.config.drain_timeout_s
+    timeout = state.config.limits.drain_timeout_s
     log.info("draining: %d requests in flight, up to %.0fs", state.in_flight, timeout)
     deadline = time.monotonic() + timeout
     while state.in_flight > 0 and time.monotonic() < deadline:
@@ -61,15 +61,15 @@ async def _exit_on_engine_death(server: DrainingServer, state: ServerState) -> N
 
 def _load_embeddings(config: ServerConfig, metrics: ServerMetrics) -> EmbeddingService | None:
     """The embedding model and its batcher, started on the running loop; None when not asked."""
-    if config.embedding_model is None:
+    if config.embeddings.model is None:
         return None
     # Imported here: a server without embeddings never loads torch into the API process.
     from surge.models.embedding import EmbeddingModel
 
-    path = resolve_model(config.embedding_model)
+    path = resolve_model(config.embeddings.model)
     model = EmbeddingModel.load(path)
-    name = config.embedding_model_name or config.embedding_model
-    batcher = config.embedding_batcher
+    name = config.embeddings.model_name or config.embeddings.model
+    batcher = config.embeddings.batcher
     service = EmbeddingService(model, name, batcher, EmbeddingMetrics(name, metrics.registry))
     service.start()
     log.info(
@@ -84,7 +84,9 @@ def _sampling_defaults(config: ServerConfig, model_path: Path) -> dict[str, floa
     """The model's recommended sampling (or --generation-config's), logged as vLLM does."""
     try:
         found = sampling_defaults(
-            model_path, config.generation_config, config.override_generation_config
+            model_path,
+            config.generation.generation_config,
+            config.generation.override_generation_config,
         )
         SamplingParams(**found)  # type: ignore[arg-type]  # out of range: refused at start
     except ValueError as e:
@@ -105,8 +107,8 @@ async def serve(
     defaults = _sampling_defaults(server_config, path)  # a bad one stops us (and the engine)
     # The tokenizer loads while the engine loads the weights.
     tokenizer = open_model(path).tokenizer
-    if server_config.chat_template is not None:
-        tokenizer.chat_template = server_config.chat_template
+    if server_config.chat.chat_template is not None:
+        tokenizer.chat_template = server_config.chat.chat_template
     client = await AsyncEngineClient.connect(engine, tokenizer)
     log.info(
         "engine ready (pid %s): %s, %s on %s, context %d",
@@ -122,7 +124,7 @@ async def serve(
     resources.register(metrics.registry)
     metrics.set_health(True)
     embeddings = _load_embeddings(server_config, metrics)
-    tracing = Tracing.start(server_config.tracing)
+    tracing = Tracing.start(server_config.observability.tracing)
     state = ServerState.create(server_config, client, metrics, embeddings, tracing)
     state.sampling_defaults = defaults
     sched = engine_config.scheduler
@@ -143,7 +145,7 @@ async def serve(
         host=server_config.host,
         port=server_config.port,
         log_level="warning",
-        access_log=server_config.log_requests,
+        access_log=server_config.observability.log_requests,
         timeout_graceful_shutdown=5,
         timeout_keep_alive=30,
     )

@@ -61,25 +61,27 @@ class ServerState:
             client=client,
             metrics=metrics,
             admission=AdmissionController(
-                config.max_queued_requests,
-                config.max_queued_tokens,
-                max_queued_per_tenant=config.max_queued_requests_per_tenant,
+                config.admission.max_queued_requests,
+                config.admission.max_queued_tokens,
+                max_queued_per_tenant=config.admission.max_queued_requests_per_tenant,
             ),
-            limiter=RateLimiter(config.requests_per_minute, config.tokens_per_minute),
+            limiter=RateLimiter(
+                config.admission.requests_per_minute, config.admission.tokens_per_minute
+            ),
             started_s=time.monotonic(),
             embeddings=embeddings,
             tracing=tracing or Tracing.off(),
             tool_parser=_tool_parser(config, client.tokenizer.chat_template),
             responses=ResponseStore(config.responses_store_max),
-            reasoning=REASONING_PARSERS.get(config.reasoning_parser or ""),
+            reasoning=REASONING_PARSERS.get(config.chat.reasoning_parser or ""),
             queue_wait=QueueWaitMetrics(metrics.model_name, metrics.registry),
         )
 
     @property
     def default_max_tokens(self) -> int | None:
         """--default-max-tokens, else the model's max_new_tokens, else None (the context)."""
-        if self.config.default_max_tokens is not None:
-            return self.config.default_max_tokens
+        if self.config.generation.default_max_tokens is not None:
+            return self.config.generation.default_max_tokens
         found = self.sampling_defaults.get("max_tokens")
         return None if found is None else int(found)
 
@@ -172,24 +174,24 @@ class ServerState:
 
 
 def _tool_parser(config: ServerConfig, template: str | None) -> type[ToolParser] | None:
-    if not config.enable_auto_tool_choice:
+    if not config.chat.enable_auto_tool_choice:
         return None
-    if config.tool_call_parser is not None:
-        return PARSERS[config.tool_call_parser]
+    if config.chat.tool_call_parser is not None:
+        return PARSERS[config.chat.tool_call_parser]
     return parser_for_template(template)
 
 
 def request_timeout_s(request: Request, config: ServerConfig) -> float | None:
     """The server's request timeout, or the shorter one the request's timeout header asks for
     (400 for a header that is not a positive number of seconds)."""
-    raw = request.headers.get(config.timeout_header)
+    raw = request.headers.get(config.limits.timeout_header)
     if raw is None:
-        return config.request_timeout_s
+        return config.limits.request_timeout_s
     try:
-        asked = parse_timeout(raw, config.timeout_header)
+        asked = parse_timeout(raw, config.limits.timeout_header)
     except ValueError as e:
-        raise BadRequestError(str(e), param=config.timeout_header) from None
-    limit = config.request_timeout_s
+        raise BadRequestError(str(e), param=config.limits.timeout_header) from None
+    limit = config.limits.request_timeout_s
     return asked if limit is None else min(asked, limit)
 
 

@@ -20,12 +20,12 @@ PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 
 def resolve_tenant(request: Request, user: str | None, config: ServerConfig) -> str:
     """Header, else `user`, else a hash of the API key (never the key itself), else ""."""
-    tenant = request.headers.get(config.tenant_header, "").strip() or (user or "").strip()
+    tenant = request.headers.get(config.auth.tenant_header, "").strip() or (user or "").strip()
     if not tenant:
         return key_owner(request, config)
     if len(tenant) > MAX_TENANT_CHARS:
         raise BadRequestError(
-            f"tenant (header {config.tenant_header!r} or 'user') is longer than "
+            f"tenant (header {config.auth.tenant_header!r} or 'user') is longer than "
             f"{MAX_TENANT_CHARS} characters",
             param="user",
         )
@@ -35,7 +35,7 @@ def resolve_tenant(request: Request, user: str | None, config: ServerConfig) -> 
 def key_owner(request: Request, config: ServerConfig) -> str:
     """The API key's hash ("key-<12 hex>", never the key itself), or "" without API keys."""
     auth = request.headers.get("authorization", "")
-    if not (auth.lower().startswith("bearer ") and config.api_keys):
+    if not (auth.lower().startswith("bearer ") and config.auth.api_keys):
         return ""
     return "key-" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:12]
 
@@ -45,14 +45,14 @@ def resolve_priority(request: Request, body_priority: int | None, config: Server
     if body_priority is not None:
         value = body_priority
     else:
-        header = request.headers.get(config.priority_header)
+        header = request.headers.get(config.auth.priority_header)
         if header is None:
             return 0
         try:
             value = int(header.strip())
         except ValueError:
             raise BadRequestError(
-                f"header {config.priority_header!r} must be an integer, got {header!r}",
+                f"header {config.auth.priority_header!r} must be an integer, got {header!r}",
                 param="priority",
             ) from None
     if not PRIORITY_RANGE[0] <= value <= PRIORITY_RANGE[1]:

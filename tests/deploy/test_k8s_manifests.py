@@ -98,7 +98,7 @@ def test_server_probes_and_shutdown(overlay: str) -> None:
     pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep" and int(pre_stop[1]) >= 5  # endpoints update first
     grace = server["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace > int(pre_stop[1]) + config.drain_timeout_s
+    assert grace > int(pre_stop[1]) + config.limits.drain_timeout_s
     anti = server["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     assert anti["preferredDuringSchedulingIgnoredDuringExecution"]
     assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
