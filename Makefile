@@ -49,6 +49,12 @@ system-deps:
 test: system-deps model kernels
 	$(BIN)/python -m pytest -q --durations=15 -m "not extra"
 
+# The kernel tests again on kernels built for each lower instruction-set tier (cpu_features.h):
+# AVX-512 without VNNI, AVX2, plain loops (each tier's build is cached after its first run).
+.PHONY: test-kernel-tiers
+test-kernel-tiers: install model
+	$(BIN)/python -m pytest -q -m "slow or extra" tests/models/test_kernel_tiers.py
+
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not extra"
 
