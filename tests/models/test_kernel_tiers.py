@@ -63,9 +63,9 @@ def test_a_killed_build_does_not_stall_the_next(tmp_path: Path) -> None:
     (build / "lock").touch()  # as a build killed midway leaves it
     with _build_lock(build):
         assert not (build / "lock").exists()
-        with open(tmp_path / "paged_decode.lock", "w") as other:  # a second builder waits
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # A second builder waits.
+        with open(tmp_path / "paged_decode.lock", "w") as other, pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     with open(tmp_path / "paged_decode.lock", "w") as other:  # released with its holder
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 

@@ -23,17 +23,20 @@ inline void quantize_row_asym(const T* x, int64_t K, int64_t Kp, Q* q, float* sc
   static_assert(std::is_same_v<Q, uint8_t> || std::is_same_v<Q, int8_t>, "int8 or uint8 rows");
   constexpr float kLow = std::is_same_v<Q, int8_t> ? -128.f : 0.f;  // Q's lowest level
   constexpr float kHigh = kLow + 255.f;
+  constexpr bool kVector = !std::is_same_v<T, double>;  // load16 reads 16 floats' worth
   float lo = 0.f, hi = 0.f;
   int64_t k = 0;
 #if SURGE_TIER >= SURGE_TIER_AVX512
-  __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_setzero_ps();
-  for (; k + 16 <= K; k += 16) {
-    const __m512 v = load16(x + k);
-    vlo = _mm512_min_ps(vlo, v);
-    vhi = _mm512_max_ps(vhi, v);
+  if constexpr (kVector) {
+    __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_setzero_ps();
+    for (; k + 16 <= K; k += 16) {
+      const __m512 v = load16(x + k);
+      vlo = _mm512_min_ps(vlo, v);
+      vhi = _mm512_max_ps(vhi, v);
+    }
+    lo = _mm512_reduce_min_ps(vlo);
+    hi = _mm512_reduce_max_ps(vhi);
   }
-  lo = _mm512_reduce_min_ps(vlo);
-  hi = _mm512_reduce_max_ps(vhi);
 #endif
   for (; k < K; ++k) {
     const float v = static_cast<float>(x[k]);
@@ -45,15 +48,18 @@ inline void quantize_row_asym(const T* x, int64_t K, int64_t Kp, Q* q, float* sc
   const float zero = std::nearbyint(-lo * inv) + kLow;
   k = 0;
 #if SURGE_TIER >= SURGE_TIER_AVX512
-  const __m512 vinv = _mm512_set1_ps(inv), vzero = _mm512_set1_ps(zero);
-  const __m512 vmax = _mm512_set1_ps(kHigh), vmin = _mm512_set1_ps(kLow);
-  for (; k + 16 <= K; k += 16) {
-    // Round to nearest even (the default mode), like std::nearbyint.
-    const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(load16(x + k), vinv),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 v = _mm512_min_ps(vmax, _mm512_max_ps(vmin, _mm512_add_ps(r, vzero)));
-    // In Q's range already: the low byte of each int32 is the level, signed or not.
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+  if constexpr (kVector) {
+    const __m512 vinv = _mm512_set1_ps(inv), vzero = _mm512_set1_ps(zero);
+    const __m512 vmax = _mm512_set1_ps(kHigh), vmin = _mm512_set1_ps(kLow);
+    for (; k + 16 <= K; k += 16) {
+      // Round to nearest even (the default mode), like std::nearbyint.
+      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(load16(x + k), vinv),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512 v = _mm512_min_ps(vmax, _mm512_max_ps(vmin, _mm512_add_ps(r, vzero)));
+      // In Q's range already: the low byte of each int32 is the level, signed or not.
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + k),
+                       _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+    }
   }
 #endif
   for (; k < K; ++k) {
