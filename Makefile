@@ -28,6 +28,7 @@ serve: model
 # The compiled CPU kernels, all at once (otherwise built one by one on first use).
 kernels: install
 	$(BIN)/python -m surge.models.kernels
+	SURGE_KERNEL_TIER=avx2 $(BIN)/python -m surge.models.kernels  # for test_kernel_tiers.py
 
 # System packages the tests drive (Debian), installed only when missing: Prometheus and promtool
 # (deploy/prometheus rules, the Grafana dashboard's queries against a real Prometheus), chromium
@@ -48,6 +49,14 @@ system-deps:
 
 test: system-deps model kernels
 	$(BIN)/python -m pytest -q --durations=15 -m "not extra"
+
+# The kernel tests again on kernels built for each lower instruction-set tier (cpu_features.h):
+# AVX-512 without VNNI, AVX2, plain loops (each tier's build is cached after its first run).
+.PHONY: test-kernel-tiers
+test-kernel-tiers: install model kernels
+	SURGE_KERNEL_TIER=avx512 $(BIN)/python -m surge.models.kernels
+	SURGE_KERNEL_TIER=scalar $(BIN)/python -m surge.models.kernels
+	$(BIN)/python -m pytest -q -m "slow or extra" tests/models/test_kernel_tiers.py
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not extra"

@@ -2,16 +2,24 @@
 
 If the build fails (no compiler, no ninja), callers fall back to the pure-torch path: the
 kernels are a speed-up, never a requirement.
+
+SURGE_KERNEL_TIER=avx512|avx2|scalar builds them for a lower instruction-set tier than this CPU's
+(cpu_features.h), in a build folder of its own, so the paths of CPUs without AVX-512 (or without
+any SIMD) run and are tested on an AVX-512 machine (`make test-kernel-tiers`). One tier a process:
+the modules register the same torch ops.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -21,6 +29,22 @@ _HERE = Path(__file__).parent
 _cache: dict[str, ModuleType | None] = {}
 # Every kernel module, by its source's name (`python -m surge.models.kernels` builds them all).
 KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode", "w8a8_linear", "token_mask")
+# The -march of each tier (cpu_features.h works the tier out from the macros these set): native
+# is this CPU's own; the others are the x86-64 levels below AVX-512 VNNI.
+TIER_FLAGS = {
+    "native": "-march=native",
+    "avx512": "-march=skylake-avx512",  # AVX-512 F/BW/VL without VNNI
+    "avx2": "-march=x86-64-v3",  # AVX2, FMA, F16C
+    "scalar": "-march=x86-64",  # SSE2 only: the plain loops
+}
+
+
+def kernel_tier() -> str:
+    """The tier to build for: $SURGE_KERNEL_TIER, else native."""
+    tier = os.environ.get("SURGE_KERNEL_TIER", "native") or "native"
+    if tier not in TIER_FLAGS:
+        raise ValueError(f"SURGE_KERNEL_TIER={tier!r}: expected one of {', '.join(TIER_FLAGS)}")
+    return tier
 
 
 def _build_tag(sources: Path = _HERE, torch_dir: Path | None = None) -> str:
@@ -44,10 +68,11 @@ def _build_tag(sources: Path = _HERE, torch_dir: Path | None = None) -> str:
 
 def kernel_dir() -> Path:
     """Where the kernels are built: $SURGE_KERNEL_DIR, else ~/.cache/surge/kernels, in a
-    folder per CPU and install (_build_tag)."""
+    folder per CPU and install (_build_tag), and per tier below native (kernel_tier)."""
     base = os.environ.get("SURGE_KERNEL_DIR")
     root = Path(base) if base else Path.home() / ".cache" / "surge" / "kernels"
-    return root / _build_tag()
+    tier = kernel_tier()
+    return root / (_build_tag() if tier == "native" else f"{_build_tag()}-{tier}")
 
 
 def _use_pinned_ninja() -> None:
@@ -59,6 +84,22 @@ def _use_pinned_ninja() -> None:
     path = os.environ.get("PATH", "")
     if (Path(bin_dir) / "ninja").exists() and path.split(os.pathsep)[0] != bin_dir:
         os.environ["PATH"] = os.pathsep.join([bin_dir, path]) if path else bin_dir
+
+
+@contextmanager
+def _build_lock(build: Path) -> Iterator[None]:
+    """One builder of a kernel at a time, by an flock the kernel releases when its holder dies.
+    torch's loader locks with a file it creates and deletes (`lock` in the build folder): a
+    build killed midway (a test's timeout, Ctrl-C) left it behind, and every later start waited
+    on it forever. Under this flock no other builder of ours is running, so one found there is
+    stale: removed."""
+    with open(build.parent / f"{build.name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released on close, or when the process dies
+        stale = build / "lock"
+        if stale.exists():
+            log.warning("removing a stale build lock left by a killed build: %s", stale)
+            stale.unlink(missing_ok=True)
+        yield
 
 
 def _load(name: str, build_dir: Path | None) -> ModuleType | None:
@@ -73,14 +114,15 @@ def _load(name: str, build_dir: Path | None) -> ModuleType | None:
         # One folder per kernel: the loader writes its build.ninja there.
         build = (build_dir or kernel_dir()) / name
         build.mkdir(parents=True, exist_ok=True)
-        module = load(
-            name=f"surge_{name}",
-            sources=[str(_HERE / f"{name}.cpp")],
-            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(build),
-            verbose=bool(os.environ.get("SURGE_VERBOSE_BUILD")),
-        )
+        with _build_lock(build):
+            module = load(
+                name=f"surge_{name}",
+                sources=[str(_HERE / f"{name}.cpp")],
+                extra_cflags=["-O3", TIER_FLAGS[kernel_tier()], "-ffast-math", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build),
+                verbose=bool(os.environ.get("SURGE_VERBOSE_BUILD")),
+            )
     except Exception as e:  # any build problem: use the torch fallback
         log.warning("compiled kernel %s unavailable, using torch ops: %s", name, e)
     _cache[name] = module

@@ -4,6 +4,7 @@
 
 Each is otherwise built on first use, one after another, each compile on one core (~45 s apiece
 on this 2-core machine); `make test` runs this first so the suite does not pay them in series.
+With SURGE_KERNEL_TIER=avx512|avx2|scalar it builds that lower tier's (kernels/__init__.py).
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@
 // across lanes of 8 vectors at once, and exp of non-positive lanes.
 #pragma once
 #include <torch/extension.h>
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
+#include "cpu_features.h"
+#if SURGE_TIER >= SURGE_TIER_AVX2
 #include <cstdint>
-#define SURGE_AVX2 1
 
 namespace surge {
 
@@ -83,4 +82,4 @@ inline __m256 exp8(__m256 x) {
 }
 
 }  // namespace surge
-#endif  // AVX2, FMA, F16C
+#endif  // SURGE_TIER_AVX2

@@ -2,8 +2,8 @@
 // bfloat16 and float16 rows, and the sum across lanes of 16 vectors at once.
 #pragma once
 #include <torch/extension.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
+#include "cpu_features.h"
+#if SURGE_TIER >= SURGE_TIER_AVX512
 
 namespace surge {
 
@@ -50,4 +50,4 @@ inline __m512 hsum16(const __m512* v) {
 }
 
 }  // namespace surge
-#endif  // __AVX512F__
+#endif  // SURGE_TIER_AVX512

@@ -1,6 +1,6 @@
 // Decode attention of a few query heads against one KV head's paged cache, in AVX-512 or AVX2
 // registers (elsewhere in plain loops the compiler vectorizes); shared by the paged_decode op
-// and the fused decode stack (q4_decode.cpp). SURGE_ATTEND_SIMD: attend_chunk is one of the
+// and the fused decode stack (q4_decode.cpp). From SURGE_TIER_AVX2 up attend_chunk is one of the
 // register paths, which take head sizes that are a multiple of 16.
 //
 // An int8 cache (T = int8_t) holds each row as HD int8 values followed by the row's float32
@@ -16,6 +16,7 @@
 #include <type_traits>
 #include "avx2_common.h"
 #include "avx512_common.h"
+#include "cpu_features.h"
 
 namespace surge {
 
@@ -66,8 +67,7 @@ inline float exp_nonpositive(float x) {
 
 }  // namespace surge
 
-#ifdef __AVX512F__
-#define SURGE_ATTEND_SIMD 1
+#if SURGE_TIER >= SURGE_TIER_AVX512
 
 namespace surge {
 
@@ -153,7 +153,7 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
   int64_t tile[16];  // the cache rows of 16 keys (rows16; int8 only)
   __m512 mx[G], part[G][16];
   for (int g = 0; g < G; ++g) mx[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-#ifdef __AVX512BF16__
+#ifdef SURGE_HAS_AVX512_BF16
   if constexpr (std::is_same_v<T, at::BFloat16>) {
     // bf16 keys: vdpbf16ps multiplies the key row as stored (no widening) with the query rounded
     // to bf16, 32 products a instruction summed in float32. One query at a time over the 16
@@ -297,8 +297,7 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
 }
 
 }  // namespace surge
-#elif defined(SURGE_AVX2)
-#define SURGE_ATTEND_SIMD 1
+#elif SURGE_TIER >= SURGE_TIER_AVX2
 
 namespace surge {
 
@@ -458,4 +457,4 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
 }
 
 }  // namespace surge
-#endif  // __AVX512F__ / SURGE_AVX2 / plain loops
+#endif  // SURGE_TIER_AVX512 / SURGE_TIER_AVX2 / plain loops

@@ -9,18 +9,13 @@
 //   one pass each instead of the ~8 elementwise torch ops the Python spelling takes.
 #include <torch/extension.h>
 #include "cpu_common.h"
+#include "cpu_features.h"
+#include "row_quant.h"
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#include <immintrin.h>
-#define SURGE_AVX512_VNNI 1
-#elif defined(__AVX2__)
-#include <immintrin.h>
-#define SURGE_INT8_AVX2 1
-#endif
 
 namespace {
 
@@ -64,7 +59,7 @@ void quantize_int16(const T* x, int64_t M, int64_t K, int64_t Kp, int16_t* q, fl
 // dot[m] = sum_k xq[m, k] * w[k] for one weight row w [K] and MR activation rows.
 template <int MR>
 inline void dot_row(const int16_t* xq, int64_t Kp, const int8_t* w, int64_t K, float* dot) {
-#ifdef SURGE_AVX512_VNNI
+#if SURGE_TIER >= SURGE_TIER_AVX512_VNNI
   {
     __m512 total[MR];
     for (int m = 0; m < MR; ++m) total[m] = _mm512_setzero_ps();
@@ -92,7 +87,7 @@ inline void dot_row(const int16_t* xq, int64_t Kp, const int8_t* w, int64_t K, f
     for (int m = 0; m < MR; ++m) dot[m] = _mm512_reduce_add_ps(total[m]);
     return;
   }
-#elif defined(SURGE_INT8_AVX2)
+#elif SURGE_TIER >= SURGE_TIER_AVX2
   {
     // 16 weights widened to int16 once, then one vpmaddwd per activation row (the compiler's
     // vectorization of the loop below widened them again for every row). A chunk puts K / 8
@@ -191,10 +186,8 @@ torch::Tensor int8_gemv(const torch::Tensor& x_in, const torch::Tensor& w, const
   return out;
 }
 
-// Asymmetric per-row quantization: x [M, K] -> (int8 q [M, K], float32 scale [M], int32 zero [M])
-// with x ~= scale * (q - zero). The range always includes 0, so zero is in [-128, 127]. Rows of
-// hidden states are skewed (SiLU outputs, outlier channels): a zero point halves the perplexity
-// cost of W8A8 on SmolLM2 against symmetric scaling.
+// Asymmetric per-row quantization (row_quant.h): x [M, K] -> (int8 q [M, K], float32 scale [M],
+// int32 zero [M]) with x ~= scale * (q - zero); zero is in [-128, 127].
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor& x_in) {
   TORCH_CHECK(x_in.dim() == 2, "quantize_rows: 2-D input");
   const torch::Tensor x = x_in.contiguous();
@@ -208,24 +201,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_rows(const torc
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "quantize_rows", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     at::parallel_for(0, M, 16, [&](int64_t b, int64_t e) {
-      std::vector<float> row(K);
-      for (int64_t m = b; m < e; ++m) {
-        to_float(xp + m * K, row.data(), K);
-        float lo = 0.f, hi = 0.f;
-        for (int64_t k = 0; k < K; ++k) {
-          lo = std::min(lo, row[k]);
-          hi = std::max(hi, row[k]);
-        }
-        const float scale = hi > lo ? (hi - lo) / 255.f : 1.f;
-        const float inv = 1.f / scale;
-        const float zero = std::nearbyint(-lo * inv) - 128.f;
-        for (int64_t k = 0; k < K; ++k) {
-          const float v = std::nearbyint(row[k] * inv) + zero;
-          qp[m * K + k] = static_cast<int8_t>(std::min(127.f, std::max(-128.f, v)));
-        }
-        sp[m] = scale;
-        zp[m] = static_cast<int32_t>(zero);
-      }
+      for (int64_t m = b; m < e; ++m)
+        surge::quantize_row_asym(xp + m * K, K, K, qp + m * K, sp + m, zp + m);
     });
   });
   return {q, s, z};
@@ -283,4 +260,6 @@ TORCH_LIBRARY_IMPL(surge, CPU, m) {
 }
 
 // The loader imports the library as a Python module; the ops live in torch.ops.surge.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("tier") = SURGE_TIER_NAME;  // the tier it was built for (cpu_features.h)
+}

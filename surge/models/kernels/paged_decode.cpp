@@ -1,6 +1,7 @@
 // Paged decode attention on the CPU: one query token per request, keys and values read straight
 // from the KV blocks (no gather copy), float32 accumulation, parallel over (request, kv head).
 #include <torch/extension.h>
+#include "cpu_features.h"
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <cstring>
@@ -183,7 +184,7 @@ torch::Tensor paged_decode(
              out.data_ptr<scalar_t>(), D, H, kvh, hd, num_blocks, bs, block_tables.size(1),
              static_cast<float>(scale));
     };
-#ifdef SURGE_ATTEND_SIMD
+#if SURGE_TIER >= SURGE_TIER_AVX2  // attend_chunk in registers (decode_attention.h)
     if constexpr (!std::is_same_v<scalar_t, double>) {
       if (hd == 64) return run(decode_kernel_simd<scalar_t, 64>);
       if (hd == 128) return run(decode_kernel_simd<scalar_t, 128>);
@@ -250,4 +251,6 @@ TORCH_LIBRARY_IMPL(surge, CPU, m) {
 TORCH_LIBRARY_IMPL(surge, CompositeExplicitAutograd, m) { m.impl("write_kv", &write_kv); }
 
 // The loader imports the library as a Python module; the ops live in torch.ops.surge.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("tier") = SURGE_TIER_NAME;  // the tier it was built for (cpu_features.h)
+}

@@ -38,10 +38,11 @@
 #include "w8a8_gemm.h"
 #include "decode_attention.h"
 #include "lora_rows.h"
+#include "cpu_features.h"
 
 namespace {
 
-#ifdef SURGE_Q4_SIMD
+#if SURGE_TIER >= SURGE_TIER_AVX2  // q4_gemv.h's vectorized GEMV
 using namespace surge::q4;
 
 constexpr int64_t kTensorsPerLayer = 11;
@@ -121,7 +122,7 @@ void silu_mul(const float* gu, float* act, int64_t rows, int64_t inter) {
     const float* u = g + inter;
     float* a = act + m * inter;
     int64_t i = 0;
-#ifdef __AVX512F__
+#if SURGE_TIER >= SURGE_TIER_AVX512
     const __m512 one = _mm512_set1_ps(1.f);
     for (; i + 16 <= inter; i += 16) {
       // sigmoid(g) from e = exp(-|g|) <= 1 (exp16 takes x <= 0): 1 / (1 + e), or e / (1 + e).
@@ -555,12 +556,13 @@ class Q4DecodeStack {
   QuantizedX xq_hidden_, xq_attn_, xq_inter_;
   surge::w8a8::QuantRows x8_hidden_, x8_attn_, x8_inter_;
 };
-#endif  // SURGE_Q4_SIMD
+#endif  // SURGE_TIER_AVX2
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-#ifdef SURGE_Q4_SIMD
+  m.attr("tier") = SURGE_TIER_NAME;  // the tier it was built for (cpu_features.h)
+#if SURGE_TIER >= SURGE_TIER_AVX2  // q4_gemv.h's vectorized GEMV
   m.attr("supported") = true;
   pybind11::class_<Q4DecodeStack>(m, "Q4DecodeStack")
       .def(pybind11::init<const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,

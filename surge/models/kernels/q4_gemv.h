@@ -3,25 +3,18 @@
 // fused decode stack (q4_decode.cpp).
 #pragma once
 #include <torch/extension.h>
+// Paths by tier (cpu_features.h): AVX-512 VNNI, AVX2 (also on AVX-512 without VNNI), or plain
+// loops. The fused decode stack is built from the AVX2 tier up (the portable path is for
+// correctness, not speed).
+#include "avx2_common.h"
+#include "avx512_common.h"
 #include "cpu_common.h"
+#include "cpu_features.h"
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__) && \
-    !defined(SURGE_PORTABLE_KERNELS)
-#include "avx512_common.h"
-#define SURGE_AVX512_VNNI 1
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(SURGE_PORTABLE_KERNELS)
-#include "avx2_common.h"
-#define SURGE_Q4_AVX2 1
-#endif
-// A vectorized q4 GEMV is compiled here (AVX-512 VNNI, or AVX2 without it): the fused decode
-// stack is built only then (the portable path is for correctness, not speed).
-#if defined(SURGE_AVX512_VNNI) || defined(SURGE_Q4_AVX2)
-#define SURGE_Q4_SIMD 1
-#endif
 
 namespace surge::q4 {
 
@@ -88,7 +81,7 @@ void quantize_block_rows(const T* x, int64_t m0, int64_t m1, QuantizedX& out) {
       alignas(64) int8_t q[kBlock];
       float d;
       int32_t qsum = 0;
-#ifdef SURGE_AVX512_VNNI
+#if SURGE_TIER >= SURGE_TIER_AVX512_VNNI
       const __m512 v0 = _mm512_load_ps(row), v1 = _mm512_load_ps(row + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
       d = amax / 127.f;
@@ -130,7 +123,7 @@ void quantize_blocks(const T* x, int64_t M, int64_t K, QuantizedX& out) {
   quantize_block_rows(x, 0, M, out);
 }
 
-#ifdef SURGE_AVX512_VNNI
+#if SURGE_TIER >= SURGE_TIER_AVX512_VNNI
 // 16 outputs from one vector: rounded like c10's conversions.
 template <typename T>
 inline void store_tile(T* p, __m512 v) {
@@ -237,7 +230,7 @@ void q4_rows(const uint8_t* qs, const uint16_t* dm, const QuantizedX& xq, int64_
     }
   }
 }
-#elif defined(SURGE_Q4_AVX2)
+#elif SURGE_TIER >= SURGE_TIER_AVX2
 // AVX2 (no VNNI): the same layout read as two 32-byte halves of each 64-byte load. u8 weights
 // times s8 activations by vpmaddubsw into 16-bit pair sums (|15 * 127 * 2| = 3810), eight of
 // them added in 16 bits per group (30480 < 32767: no saturation), widened to 32 bits once per

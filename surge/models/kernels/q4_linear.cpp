@@ -25,6 +25,7 @@
 // 0.625 bytes per weight, about half of int8's, with few enough instructions per byte that the
 // small layers of a decode step are not bound by them.
 #include <torch/extension.h>
+#include "cpu_features.h"
 #include <ATen/Parallel.h>
 #include "q4_gemv.h"
 
@@ -72,4 +73,6 @@ TORCH_LIBRARY_FRAGMENT(surge, m) {
 
 TORCH_LIBRARY_IMPL(surge, CPU, m) { m.impl("q4_gemv", &q4_gemv); }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("tier") = SURGE_TIER_NAME;  // the tier it was built for (cpu_features.h)
+}

@@ -5,6 +5,7 @@
 // is skipped whole; torch's masked_fill on an unpacked bool mask took ~4 ms for 32 rows of a
 // 49,152-token vocabulary on 2 cores, this takes a pass over the words.
 #include <torch/extension.h>
+#include "cpu_features.h"
 #include <ATen/Parallel.h>
 #include <limits>
 
@@ -57,4 +58,6 @@ TORCH_LIBRARY_FRAGMENT(surge, m) {
 
 TORCH_LIBRARY_IMPL(surge, CPU, m) { m.impl("apply_token_bitmask_", &apply_token_bitmask_); }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {}
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("tier") = SURGE_TIER_NAME;  // the tier it was built for (cpu_features.h)
+}

@@ -14,20 +14,18 @@
 // mapped onto it (z = round(-lo / s)): the unsigned left operand VNNI takes, with a zero point.
 //   y[m, n] = s[m] * sw[n] * (sum_k q[m, k] w[n, k] - z[m] * wsum[n])  (+ bias[n])
 // which is quantize_rows + torch._int_mm + dequantize_int32 (int8_linear.cpp) with the zero
-// point shifted by 128. Sums stay int32: |q w| <= 255 * 127, so K up to 66,000.
+// point shifted by 128 (one quantizer for both: row_quant.h). Sums stay int32: |q w| <= 255 * 127, so K up to 66,000.
 #pragma once
 #include <torch/extension.h>
+#include "avx512_common.h"
 #include "cpu_common.h"
+#include "cpu_features.h"
+#include "row_quant.h"
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
-    !defined(SURGE_PORTABLE_KERNELS)
-#include "avx512_common.h"
-#define SURGE_W8A8_AVX512 1
-#endif
 
 namespace surge::w8a8 {
 
@@ -44,55 +42,12 @@ struct QuantRows {
   std::vector<int32_t> z;  // [M]
 };
 
-// x [M, K] -> `out` (resized; its vectors keep their capacity, so a reused buffer is not
-// reallocated). Rows [m0, m1) only, so threads can split the rows of one call.
+// x [M, K] -> `out`, already sized (resize; its vectors keep their capacity, so a reused buffer
+// is not reallocated). Rows [m0, m1) only, so threads can split the rows of one call.
 template <typename T>
 void quantize_rows_u8(const T* x, int64_t m0, int64_t m1, int64_t K, QuantRows& out) {
-  const int64_t Kp = out.Kp;
-  for (int64_t m = m0; m < m1; ++m) {
-    const T* xm = x + m * K;
-    uint8_t* qm = out.q.data() + m * Kp;
-    float lo = 0.f, hi = 0.f;
-    int64_t k = 0;
-#ifdef SURGE_W8A8_AVX512
-    __m512 vlo = _mm512_setzero_ps(), vhi = _mm512_setzero_ps();
-    for (; k + 16 <= K; k += 16) {
-      const __m512 v = surge::load16(xm + k);
-      vlo = _mm512_min_ps(vlo, v);
-      vhi = _mm512_max_ps(vhi, v);
-    }
-    lo = _mm512_reduce_min_ps(vlo);
-    hi = _mm512_reduce_max_ps(vhi);
-#endif
-    for (; k < K; ++k) {
-      const float v = static_cast<float>(xm[k]);
-      lo = std::min(lo, v);
-      hi = std::max(hi, v);
-    }
-    const float scale = hi > lo ? (hi - lo) / 255.f : 1.f;
-    const float inv = 1.f / scale;
-    const float zero = std::nearbyint(-lo * inv);
-    k = 0;
-#ifdef SURGE_W8A8_AVX512
-    const __m512 vinv = _mm512_set1_ps(inv), vzero = _mm512_set1_ps(zero);
-    const __m512 vmax = _mm512_set1_ps(255.f), vmin = _mm512_setzero_ps();
-    for (; k + 16 <= K; k += 16) {
-      // Round to nearest even (the default mode), like std::nearbyint.
-      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(surge::load16(xm + k), vinv),
-                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      const __m512 v = _mm512_min_ps(vmax, _mm512_max_ps(vmin, _mm512_add_ps(r, vzero)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qm + k),
-                       _mm512_cvtusepi32_epi8(_mm512_cvtps_epu32(v)));
-    }
-#endif
-    for (; k < K; ++k) {
-      const float v = std::nearbyint(static_cast<float>(xm[k]) * inv) + zero;
-      qm[k] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, v)));
-    }
-    for (; k < Kp; ++k) qm[k] = 0;
-    out.s[m] = scale;
-    out.z[m] = static_cast<int32_t>(zero);
-  }
+  for (int64_t m = m0; m < m1; ++m)
+    surge::quantize_row_asym(x + m * K, K, out.Kp, out.q.data() + m * out.Kp, &out.s[m], &out.z[m]);
 }
 
 inline void resize(QuantRows& out, int64_t M, int64_t K) {
@@ -121,7 +76,7 @@ struct Out {
   int64_t ld;
 };
 
-#ifdef SURGE_W8A8_AVX512
+#if SURGE_TIER >= SURGE_TIER_AVX512_VNNI
 // acc += 4 products of u8 x and s8 w per lane, in place. In asm: with the intrinsic GCC copies
 // every accumulator to another register and back each iteration (twice the instructions).
 // A macro, not a function: a reference to the accumulator would keep it in memory.

@@ -2,6 +2,7 @@
 // (w8a8_gemm.h has the format and the method). One call replaces quantize_rows, torch._int_mm
 // and dequantize_int32: no int32 [M, N] intermediate, no reorder of the weights per call.
 #include <torch/extension.h>
+#include "cpu_features.h"
 #include <ATen/Parallel.h>
 #include "w8a8_gemm.h"
 
@@ -70,7 +71,8 @@ TORCH_LIBRARY_IMPL(surge, CPU, m) { m.impl("w8a8_linear", &w8a8_linear); }
 // `supported`: the VNNI tiles were compiled in. Without them the op still runs (one product at a
 // time, for correctness), but Int8Linear keeps the row-major layout and its faster paths.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-#ifdef SURGE_W8A8_AVX512
+  m.attr("tier") = SURGE_TIER_NAME;  // the tier it was built for (cpu_features.h)
+#if SURGE_TIER >= SURGE_TIER_AVX512_VNNI
   m.attr("supported") = true;
 #else
   m.attr("supported") = false;
