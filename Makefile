@@ -49,8 +49,10 @@ system-deps:
 test: system-deps model kernels
 	$(BIN)/python -m pytest -q --durations=15 -m "not extra"
 
+# In-process tests only: no real SmolLM2, no second model, no server/gateway/autoscaler or other
+# child process (the `process` marker, set by tests/process_marker.py).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not extra"
+	$(BIN)/python -m pytest -q -m "not slow and not extra and not process"
 
 lint: install
 	$(BIN)/ruff check surge tests benchmarks
