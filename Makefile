@@ -58,8 +58,10 @@ test-kernel-tiers: install model kernels
 	SURGE_KERNEL_TIER=scalar $(BIN)/python -m surge.models.kernels
 	$(BIN)/python -m pytest -q -m "slow or extra" tests/models/test_kernel_tiers.py
 
+# In-process tests only: no real SmolLM2, no second model, no server/gateway/autoscaler or other
+# child process (the `process` marker, set by tests/process_marker.py).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not extra"
+	$(BIN)/python -m pytest -q -m "not slow and not extra and not process"
 
 lint: install
 	$(BIN)/ruff check surge tests benchmarks

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.process_marker import mark_process_tests
 from tests.servers import ServerProcess
 
 TINY_CONFIG = {
@@ -109,3 +110,7 @@ def tiny_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
     server = ServerProcess(tiny_model_dir, "--dtype", "float32", "--enable-auto-tool-choice")
     yield server
     server.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_process_tests(items)  # `process`: the tests that start other processes
