@@ -145,7 +145,7 @@ async def send(
                     ttft = time.monotonic() - t0
                 if line == "data: [DONE]":
                     break
-                if '"error"' in line:
+                if _is_error_event(line[6:]):  # not a chunk whose text is the word "error"
                     ok, error = False, line[:300]
                 chunks += 1
                 if kind == "cancel" and chunks >= 3:
@@ -155,6 +155,14 @@ async def send(
     except httpx.HTTPError as e:
         now = time.monotonic()
         return Done(kind, now, now - t0, ttft, False, 0, repr(e)[:300])
+
+
+def _is_error_event(payload: str) -> bool:
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        return True  # a stream must carry JSON events: anything else is broken
+    return isinstance(event, dict) and "error" in event
 
 
 async def closed_loop(url: str, mix: Mix, concurrency: int, seconds: float) -> float:
