@@ -59,9 +59,9 @@ test-kernel-tiers: install model kernels
 	$(BIN)/python -m pytest -q -m "slow or extra" tests/models/test_kernel_tiers.py
 
 # In-process tests only: no real SmolLM2, no second model, no server/gateway/autoscaler or other
-# child process (the `process` marker, set by tests/process_marker.py).
+# child process (the `process` marker, set by tests/process_marker.py), on one worker per core.
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not extra and not process"
+	$(BIN)/python -m pytest -q -n $(or $(TEST_WORKERS),2) -m "not slow and not extra and not process"
 
 lint: install
 	$(BIN)/ruff check surge tests benchmarks
