@@ -17,6 +17,7 @@ from surge.server.errors import (
     RequestTimeoutError,
     SurgeHTTPError,
 )
+from surge.server.openapi import ADMITTED
 from surge.server.protocol_embeddings import MAX_INPUTS, EmbeddingRequest, embedding_response
 from surge.server.request_span import record_embedding_span
 from surge.server.state import client_key, get_state, request_timeout_s
@@ -24,7 +25,7 @@ from surge.server.state import client_key, get_state, request_timeout_s
 router = APIRouter()
 
 
-@router.post("/v1/embeddings")
+@router.post("/v1/embeddings", responses=ADMITTED)
 async def create_embedding(body: EmbeddingRequest, request: Request) -> Response:
     service = embedding_service(request, body.model)
     if body.dimensions is not None and body.dimensions != service.model.dim:
