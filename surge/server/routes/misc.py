@@ -54,8 +54,7 @@ async def health(request: Request) -> Response:
     """200 when the engine is alive and the server admits work; 503 otherwise."""
     state = get_state(request)
     if not state.client.healthy:
-        reason = state.client.dead_reason or "engine process is not running"
-        return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+        return _unhealthy(state)
     if state.admission.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     return JSONResponse({"status": "ok"})
