@@ -26,6 +26,20 @@ LOOKUP = error_responses(400, 401, 404)  # plus nothing of that name (model, res
 ADMITTED = error_responses(400, 401, 404, 429, 503, 504)
 
 
+# One server-sent event (OpenAPI 3.2's `itemSchema`, as FastAPI writes it for its own SSE
+# routes): `data` is a JSON chunk, or `[DONE]` last; the Responses API names its events.
+SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {"type": "string", "description": "a JSON chunk, or [DONE] last"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
+
+
 def with_200(model: type[BaseModel] | None = None, *, stream: bool = False) -> Responses:
     """The 200 of a JSON route (its body's model, if it has one), and with `stream` its SSE
     form (`stream: true`): `data: <chunk>` events, then `data: [DONE]`."""
@@ -33,7 +47,7 @@ def with_200(model: type[BaseModel] | None = None, *, stream: bool = False) -> R
     if model is not None:
         ok["model"] = model
     if stream:
-        ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+        ok["content"] = {"text/event-stream": {"itemSchema": SSE_EVENT}}
         ok["description"] = "JSON, or server-sent events with `stream: true`"
     return {200: ok}
 
