@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +35,18 @@ def _ephemeral_low() -> int:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768  # Linux's default
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """SIGTERM, up to `timeout_s` for it to exit (a drain), then SIGKILL; the exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode
 
 
 class ServerProcess:
@@ -98,12 +109,6 @@ class ServerProcess:
         raise KeyError(f"{name} {labels}")
 
     def stop(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        code = stop_process(self.proc, timeout_s)
         self._log.close()
-        return self.proc.returncode
+        return code

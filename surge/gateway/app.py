@@ -23,6 +23,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from surge.deadline import parse_timeout
+from surge.disconnect import done_before_disconnect
 from surge.discovery import DnsTarget
 from surge.gateway.balancers import Balancer, make_balancer
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
@@ -453,15 +454,7 @@ async def _forward_unless_disconnected(
     """Forward, but stop (and so abort the upstream request) if the client leaves first."""
     assert state.proxy is not None
     forward = asyncio.ensure_future(state.proxy.forward(preq))
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({forward, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        forward.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if forward in done:
+    if await done_before_disconnect(forward, request):
         return forward.result()
     forward.cancel()
     with contextlib.suppress(asyncio.CancelledError, GatewayError):
@@ -469,8 +462,3 @@ async def _forward_unless_disconnected(
         if isinstance(late, RelayStream):
             await late.close()
     return Response(status_code=499)
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass

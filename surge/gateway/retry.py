@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from surge.gateway.config import RetryConfig
+from surge.openai_errors import retry_after_header as retry_after_header  # re-exported
 
 
 class RetryBudget:
@@ -71,10 +72,3 @@ def parse_retry_after(value: str | None) -> float | None:
     if not math.isfinite(seconds):
         return None
     return max(0.0, seconds)
-
-
-def retry_after_header(seconds: float) -> str:
-    """Whole seconds, rounded up, at least 1, so a client never comes back too early."""
-    if not math.isfinite(seconds) or seconds <= 1.0:
-        return "1"
-    return str(math.ceil(seconds))

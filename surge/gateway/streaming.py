@@ -173,7 +173,7 @@ class RelayStream(StreamingResponse):
                 finally:
                     await rest.close()
                 return
-        yield error.sse_event()
+        yield error.sse_event().encode()
         yield SSE_DONE
 
     def _observe(self, events: bytes) -> None:

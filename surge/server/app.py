@@ -11,6 +11,7 @@ from surge.server.middleware import (
     ArrivalTimeMiddleware,
     BodySizeLimitMiddleware,
 )
+from surge.server.openapi import EVERY_ROUTE, install_openapi
 from surge.server.routes import (
     chat,
     completions,
@@ -26,7 +27,9 @@ from surge.server.state import ServerState
 
 
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="Surge", version=misc.VERSION, docs_url=None, redoc_url=None)
+    app = FastAPI(title="Surge", version=misc.VERSION, docs_url=None, redoc_url=None,
+                  responses=EVERY_ROUTE)  # fmt: skip
+    install_openapi(app)
     app.state.surge = state
     install_error_handlers(app)
     app.include_router(completions.router)

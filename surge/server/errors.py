@@ -6,8 +6,6 @@ for every non-2xx status, so 404s, 405s, validation failures and crashes all use
 
 from __future__ import annotations
 
-import logging
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,29 +14,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-logger = logging.getLogger(__name__)
+from surge.openai_errors import (
+    OpenAIError,
+    install_openai_error_handlers,
+    status_error,
+)
+from surge.openai_errors import retry_after_header as retry_after_header  # re-exported
 
 
-class SurgeHTTPError(Exception):
+class SurgeHTTPError(OpenAIError):
     """Base of all errors the server turns into an HTTP response; subclasses fix the status."""
-
-    status_code: int = 500
-    type: str = "server_error"
-    default_code: str | int | None = None
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | int | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code if code is not None else self.default_code
-        self.headers: dict[str, str] = dict(headers or {})
 
 
 class BadRequestError(SurgeHTTPError):
@@ -67,14 +52,9 @@ class PayloadTooLargeError(SurgeHTTPError):
     default_code = "request_too_large"
 
 
-def retry_after_header(seconds: float) -> str:
-    """Retry-After must be a whole number of seconds; round up so clients never retry early."""
-    if not math.isfinite(seconds) or seconds <= 1.0:
-        return "1"
-    return str(math.ceil(seconds))
-
-
 class _RetryableError(SurgeHTTPError):
+    """Always carries Retry-After (1 s unless told)."""
+
     def __init__(
         self,
         message: str,
@@ -84,8 +64,9 @@ class _RetryableError(SurgeHTTPError):
         code: str | int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        merged = {"Retry-After": retry_after_header(retry_after_s), **(headers or {})}
-        super().__init__(message, param=param, code=code, headers=merged)
+        super().__init__(
+            message, param=param, code=code, retry_after_s=retry_after_s, headers=headers
+        )
         self.retry_after_s = retry_after_s
 
 
@@ -116,15 +97,13 @@ class InternalError(SurgeHTTPError):
     default_code = "internal_error"
 
 
-def error_body(exc: SurgeHTTPError) -> dict[str, Any]:
+def error_body(exc: OpenAIError) -> dict[str, Any]:
     """The OpenAI error object; also what a stream sends as its last `data:` event on failure."""
-    return {
-        "error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}
-    }
+    return exc.body()
 
 
-def error_response(exc: SurgeHTTPError) -> JSONResponse:
-    return JSONResponse(error_body(exc), status_code=exc.status_code, headers=exc.headers or None)
+def error_response(exc: OpenAIError) -> JSONResponse:
+    return exc.response()
 
 
 # Pydantic puts union-member tags ("str", "list[int]", "TextPart", "function-after[...]") into
@@ -176,48 +155,31 @@ def validation_error_to_bad_request(errors: Sequence[Mapping[str, Any]]) -> BadR
     return BadRequestError(f"{param}: {text}" if param else text, param=param)
 
 
-def _http_exception_error(request: Request, exc: StarletteHTTPException) -> SurgeHTTPError:
+def _http_exception_error(request: Request, exc: StarletteHTTPException) -> OpenAIError:
     headers = dict(exc.headers or {})
     if exc.status_code == 404:
-        err: SurgeHTTPError = NotFoundError(f"Not found: {request.url.path}", headers=headers)
-    elif exc.status_code == 405:
-        err = BadRequestError(
+        return NotFoundError(f"Not found: {request.url.path}", headers=headers)
+    if exc.status_code == 405:
+        err: OpenAIError = BadRequestError(
             f"Method {request.method} not allowed for {request.url.path}",
             code="method_not_allowed",
             headers=headers,
         )
-    else:
-        err = SurgeHTTPError(str(exc.detail), headers=headers)
-        err.type = "server_error" if exc.status_code >= 500 else "invalid_request_error"
-    err.status_code = exc.status_code
-    return err
-
-
-async def _on_surge_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, SurgeHTTPError)
-    return error_response(exc)
+        err.status_code = 405
+        return err
+    return status_error(exc.status_code, str(exc.detail), headers=headers)
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(validation_error_to_bad_request(exc.errors()))
-
-
-async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    return error_response(_http_exception_error(request, exc))
-
-
-async def _on_unhandled(request: Request, exc: Exception) -> JSONResponse:
-    # Starlette re-raises after this response so the server still logs the traceback;
-    # the client only learns that it failed, never internals.
-    logger.error("unhandled error on %s %s: %r", request.method, request.url.path, exc)
-    return error_response(InternalError("Internal server error"))
+    return validation_error_to_bad_request(exc.errors()).response()
 
 
 def install_error_handlers(app: FastAPI) -> None:
     """Route every failure on `app` through the OpenAI error shape."""
-    app.add_exception_handler(SurgeHTTPError, _on_surge_error)
+    install_openai_error_handlers(
+        app,
+        from_http_exception=_http_exception_error,
+        internal_error=lambda: InternalError("Internal server error"),
+    )
     app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
-    app.add_exception_handler(Exception, _on_unhandled)

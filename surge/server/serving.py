@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -19,6 +18,7 @@ from fastapi import Request
 from opentelemetry.context import Context
 from starlette.responses import StreamingResponse
 
+from surge.disconnect import done_before_disconnect
 from surge.engine.client import EngineDeadError, EngineRequestError, RequestAbortedError
 from surge.engine.output_processor import SequenceDelta
 from surge.engine.request import TokenLogprob
@@ -31,7 +31,6 @@ from surge.server.errors import (
     RequestTimeoutError,
     ServiceUnavailableError,
     SurgeHTTPError,
-    error_body,
 )
 from surge.server.generation import Event, RequestTiming, choice_index, generate_merged
 from surge.server.protocol import sampling_error
@@ -349,10 +348,8 @@ async def run_detached(
 async def run_to_completion(job: Job, request: Request) -> bool:
     """Consume the whole job (non-streaming). False if the client went away first."""
     task = asyncio.create_task(consume(job))
-    watcher = asyncio.create_task(wait_disconnect(request))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
+        if not await done_before_disconnect(task, request):
             task.cancel()  # the client is gone: abort in the engine
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -366,15 +363,7 @@ async def run_to_completion(job: Job, request: Request) -> bool:
             raise err
         return True
     finally:
-        watcher.cancel()
         job.finish()
-
-
-async def wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
 
 
 def stream_response(
@@ -405,7 +394,7 @@ def stream_response(
             _observe_abort(job, e)
             err = _map_engine_error(e)
             job.error = str(err.code or err.type)
-            yield f"data: {json.dumps(error_body(err))}\n\n"
+            yield err.sse_event()
         finally:
             await events.aclose()  # type: ignore[attr-defined]
             job.finish()

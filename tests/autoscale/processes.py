@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.servers import free_port
+from tests.servers import free_port, stop_process
 
 
 class AutoscaleProcess:
@@ -31,12 +31,6 @@ class AutoscaleProcess:
         return float(line.split()[-1])
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        code = stop_process(self.proc, 20)
         self._log.close()
-        return self.proc.returncode
+        return code

@@ -20,7 +20,7 @@ import openai
 import psutil
 import pytest
 
-from tests.servers import free_port
+from tests.servers import free_port, stop_process
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -84,15 +84,9 @@ class Autoscale:
         raise AssertionError(f"timed out waiting for {what}:\n{self.log()}")
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        code = stop_process(self.proc, 90)
         self._log.close()
-        return self.proc.returncode
+        return code
 
 
 @pytest.fixture

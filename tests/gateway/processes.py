@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.servers import free_port
+from tests.servers import free_port, stop_process
 
 
 class GatewayProcess:
@@ -52,12 +51,6 @@ class GatewayProcess:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def stop(self, timeout_s: float = 15.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        code = stop_process(self.proc, timeout_s)
         self._log.close()
-        return self.proc.returncode
+        return code

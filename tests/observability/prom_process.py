@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.servers import free_port
+from tests.servers import free_port, stop_process
 
 
 class PrometheusProcess:
@@ -75,11 +75,5 @@ class PrometheusProcess:
         return self.log_path.read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, 20)
         self._log.close()

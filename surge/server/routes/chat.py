@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from surge.engine.output_processor import SequenceDelta
 from surge.server.errors import BadRequestError
+from surge.server.openapi import ADMITTED, with_200
 from surge.server.protocol import ChatCompletionRequest, check_context_length
 from surge.server.protocol_responses import (
     ChatCompletionChoice,
@@ -140,7 +141,8 @@ def start_chat(
     return ChatJob(job, prompt, plan, _auto_parser(state, body), state.reasoning, opens)
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post("/v1/chat/completions", response_model=None,
+             responses=with_200(ChatCompletionResponse, stream=True) | ADMITTED)  # fmt: skip
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state = get_state(request)
     chat = start_chat(state, body, request)

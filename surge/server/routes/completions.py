@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from surge.engine.output_processor import SequenceDelta
 from surge.server.errors import BadRequestError
+from surge.server.openapi import ADMITTED, with_200
 from surge.server.protocol import CompletionRequest, check_context_length
 from surge.server.protocol_responses import (
     CompletionChoice,
@@ -34,7 +35,8 @@ from surge.server.state import get_state
 router = APIRouter()
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post("/v1/completions", response_model=None,
+             responses=with_200(CompletionResponse, stream=True) | ADMITTED)  # fmt: skip
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state = get_state(request)
     lora_name = state.check_model(body.model)

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from surge.observability.dashboard_assets import asset
 from surge.server.errors import NotFoundError
 from surge.server.monitor import LiveMonitor
+from surge.server.openapi import LOOKUP
 from surge.server.state import get_state
 
 router = APIRouter()
@@ -32,12 +33,12 @@ async def dashboard_asset(name: str) -> Response:
     return asset(name)
 
 
-@router.get("/v1/dashboard/state")
+@router.get("/v1/dashboard/state", responses=LOOKUP)
 async def dashboard_state(request: Request) -> JSONResponse:
     name = get_state(request).config.served_model_name
     return JSONResponse(_monitor(request).state_json(time.monotonic(), name))
 
 
-@router.get("/v1/diagnosis")
+@router.get("/v1/diagnosis", responses=LOOKUP)
 async def diagnosis(request: Request) -> JSONResponse:
     return JSONResponse(_monitor(request).diagnosis_json(time.monotonic()))

@@ -8,6 +8,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from surge.disconnect import done_before_disconnect
 from surge.server.embeddings import EmbeddingService
 from surge.server.errors import (
     BadRequestError,
@@ -16,15 +17,15 @@ from surge.server.errors import (
     RequestTimeoutError,
     SurgeHTTPError,
 )
+from surge.server.openapi import ADMITTED
 from surge.server.protocol_embeddings import MAX_INPUTS, EmbeddingRequest, embedding_response
 from surge.server.request_span import record_embedding_span
-from surge.server.serving import wait_disconnect
 from surge.server.state import client_key, get_state, request_timeout_s
 
 router = APIRouter()
 
 
-@router.post("/v1/embeddings")
+@router.post("/v1/embeddings", responses=ADMITTED)
 async def create_embedding(body: EmbeddingRequest, request: Request) -> Response:
     service = embedding_service(request, body.model)
     if body.dimensions is not None and body.dimensions != service.model.dim:
@@ -90,18 +91,14 @@ async def _embed(
     timeout_s = request_timeout_s(request, state.config)
     state.check_embedding_request(client_key(request), num_tokens)
     work = asyncio.create_task(service.embed(token_ids))
-    watcher = asyncio.create_task(wait_disconnect(request))
     try:
         async with asyncio.timeout(timeout_s):
-            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            finished = await done_before_disconnect(work, request)
     except TimeoutError:
         state.metrics.observe_abort("timeout")
         raise RequestTimeoutError(f"request timed out after {timeout_s:g}s") from None
-    finally:
-        watcher.cancel()
-        if not work.done():
-            work.cancel()  # its inputs still waiting leave the batcher's queue
-    if not work.done() or work.cancelled():
+    if not finished or work.cancelled():
+        work.cancel()  # its inputs still waiting leave the batcher's queue
         state.metrics.observe_abort("client_disconnect")
         return None
     exc = work.exception()

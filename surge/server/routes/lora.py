@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from surge.engine.client import LoRAUpdateError
 from surge.server.errors import BadRequestError, NotFoundError
+from surge.server.openapi import LOOKUP
 from surge.server.state import ServerState, get_state
 
 router = APIRouter()
@@ -41,7 +42,7 @@ def _check_allowed(state: ServerState) -> None:
         raise BadRequestError("LoRA is not enabled on this server (--enable-lora)")
 
 
-@router.post("/v1/load_lora_adapter")
+@router.post("/v1/load_lora_adapter", responses=LOOKUP)
 async def load_lora_adapter(body: LoadLoRARequest, request: Request) -> Response:
     state = get_state(request)
     _check_allowed(state)
@@ -59,7 +60,7 @@ async def load_lora_adapter(body: LoadLoRARequest, request: Request) -> Response
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 
-@router.post("/v1/unload_lora_adapter")
+@router.post("/v1/unload_lora_adapter", responses=LOOKUP)
 async def unload_lora_adapter(body: UnloadLoRARequest, request: Request) -> Response:
     state = get_state(request)
     _check_allowed(state)

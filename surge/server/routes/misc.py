@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from surge.server.errors import BadRequestError, NotFoundError
+from surge.server.openapi import HEALTH, LISTING, LOOKUP, METRICS, with_200
 from surge.server.protocol_responses import (
     DetokenizeResponse,
     ModelCard,
@@ -20,13 +21,13 @@ router = APIRouter()
 VERSION = "0.1.0"
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=with_200(ModelList) | LISTING)
 async def list_models(request: Request) -> JSONResponse:
     cards = _model_cards(get_state(request))
     return JSONResponse(ModelList(data=cards).model_dump(mode="json"))
 
 
-@router.get("/v1/models/{model:path}")
+@router.get("/v1/models/{model:path}", responses=with_200(ModelCard) | LOOKUP)
 async def retrieve_model(model: str, request: Request) -> JSONResponse:
     """One model's card (`client.models.retrieve`): the base model, an adapter or the
     embedding model; 404 otherwise."""
@@ -48,13 +49,12 @@ def _model_cards(state: ServerState) -> list[ModelCard]:
     return cards
 
 
-@router.get("/health")
+@router.get("/health", responses=HEALTH)
 async def health(request: Request) -> Response:
     """200 when the engine is alive and the server admits work; 503 otherwise."""
     state = get_state(request)
     if not state.client.healthy:
-        reason = state.client.dead_reason or "engine process is not running"
-        return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+        return _unhealthy(state)
     if state.admission.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     return JSONResponse({"status": "ok"})
@@ -62,7 +62,7 @@ async def health(request: Request) -> Response:
 
 # Kubernetes probes. The HTTP port opens only once the engine has loaded the model (launch.py),
 # so a connection refused is "still starting" and any answer means the model is loaded.
-@router.get("/health/live")
+@router.get("/health/live", responses=HEALTH)
 async def health_live(request: Request) -> Response:
     """Liveness: 503 only when the engine is dead (restart me); 200 while draining."""
     state = get_state(request)
@@ -71,7 +71,7 @@ async def health_live(request: Request) -> Response:
     return JSONResponse({"status": "ok", "draining": state.admission.draining})
 
 
-@router.get("/health/ready")
+@router.get("/health/ready", responses=HEALTH)
 async def health_ready(request: Request) -> Response:
     """Readiness: 200 only when this replica should get traffic (loaded, engine alive, not
     draining, admitting); 503 with the reason otherwise."""
@@ -85,7 +85,7 @@ async def health_ready(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-@router.get("/health/startup")
+@router.get("/health/startup", responses=HEALTH)
 async def health_startup(request: Request) -> Response:
     """Startup: 200 once the model is loaded (the port is open), draining or not."""
     state = get_state(request)
@@ -99,7 +99,7 @@ def _unhealthy(state: ServerState) -> JSONResponse:
     return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response, responses=METRICS)
 async def metrics(request: Request) -> Response:
     state = get_state(request)
     state.metrics.set_health(state.client.healthy)
@@ -116,7 +116,7 @@ async def version() -> JSONResponse:
     return JSONResponse({"version": VERSION})
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", responses=with_200(TokenizeResponse) | LOOKUP)
 async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     state = get_state(request)
     state.check_model(body.model)
@@ -132,7 +132,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     return JSONResponse(resp.model_dump(mode="json"))
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", responses=with_200(DetokenizeResponse) | LOOKUP)
 async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     state = get_state(request)
     state.check_model(body.model)

@@ -34,6 +34,7 @@ from surge.server.openai_responses import (
     unix_now,
     usage_body,
 )
+from surge.server.openapi import ADMITTED, with_200
 from surge.server.protocol import ChatCompletionRequest
 from surge.server.response_store import StoredResponse
 from surge.server.routes.chat import ChatJob, start_chat
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-@router.post("/v1/responses", response_model=None)
+@router.post("/v1/responses", response_model=None, responses=with_200(stream=True) | ADMITTED)
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     state = get_state(request)
     owner = key_owner(request, state.config)

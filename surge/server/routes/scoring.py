@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from surge.server.embeddings import EmbeddingService
+from surge.server.openapi import ADMITTED
 from surge.server.protocol_scoring import (
     RerankRequest,
     ScoreRequest,
@@ -21,8 +22,8 @@ from surge.server.routes.embeddings import embed_request, embedding_service
 router = APIRouter()
 
 
-@router.post("/score")
-@router.post("/v1/score")
+@router.post("/score", responses=ADMITTED)
+@router.post("/v1/score", responses=ADMITTED)
 async def score(body: ScoreRequest, request: Request) -> Response:
     service = embedding_service(request, body.model)
     embedded = await _embed_each_once(request, service, [t for pair in body.pairs() for t in pair],
@@ -34,9 +35,9 @@ async def score(body: ScoreRequest, request: Request) -> Response:
     return JSONResponse(score_response(scores, service.name, num_tokens))
 
 
-@router.post("/rerank")
-@router.post("/v1/rerank")
-@router.post("/v2/rerank")
+@router.post("/rerank", responses=ADMITTED)
+@router.post("/v1/rerank", responses=ADMITTED)
+@router.post("/v2/rerank", responses=ADMITTED)
 async def rerank(body: RerankRequest, request: Request) -> Response:
     service = embedding_service(request, body.model)
     documents = body.texts()

@@ -15,6 +15,7 @@ from starlette.responses import StreamingResponse
 
 from surge.headers import RESPONSE_ID_HEADER
 from surge.server.errors import BadRequestError, NotFoundError
+from surge.server.openapi import LOOKUP, with_200
 from surge.server.response_store import StoredResponse
 from surge.server.state import get_state
 from surge.server.tenancy import key_owner
@@ -31,7 +32,8 @@ def _stored(request: Request, response_id: str) -> StoredResponse:
     return entry
 
 
-@router.get("/v1/responses/{response_id}", response_model=None)
+@router.get("/v1/responses/{response_id}", response_model=None,
+            responses=with_200(stream=True) | LOOKUP)  # fmt: skip
 async def get_response(
     response_id: str,
     request: Request,
@@ -55,7 +57,7 @@ async def get_response(
                              headers=headers)  # fmt: skip
 
 
-@router.delete("/v1/responses/{response_id}")
+@router.delete("/v1/responses/{response_id}", responses=LOOKUP)
 async def delete_response(response_id: str, request: Request) -> JSONResponse:
     state = get_state(request)
     _stored(request, response_id)  # 404 unless it is this key's
@@ -65,7 +67,7 @@ async def delete_response(response_id: str, request: Request) -> JSONResponse:
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
-@router.post("/v1/responses/{response_id}/cancel")
+@router.post("/v1/responses/{response_id}/cancel", responses=LOOKUP)
 async def cancel_response(response_id: str, request: Request) -> JSONResponse:
     """Stop a background response (its engine request is aborted); one that has ended is
     answered as it is."""
@@ -87,7 +89,7 @@ async def _stop(task: asyncio.Task[None] | None) -> None:
             await task
 
 
-@router.get("/v1/responses/{response_id}/input_items")
+@router.get("/v1/responses/{response_id}/input_items", responses=LOOKUP)
 async def list_input_items(
     response_id: str,
     request: Request,
