@@ -82,14 +82,12 @@ def main() -> None:
             batch = eng.scheduler.schedule(time.monotonic())
             t1 = time.perf_counter()
             with torch.inference_mode():
-                fused = eng.runner.fused if eng.runner._fused_step(batch) else None
-                bucket = None if fused else eng.runner.bucket_for(batch)
-                ids, pos, attn, sample_reqs = eng.runner.prepare(batch, pad_to=bucket)
+                step = eng.runner.step_batch(batch)
+                path = eng.runner.path_for(step)  # as ModelRunner.run picks it
+                inputs = eng.runner.builder.build(batch, path.layout(step))
+                sample_reqs = inputs.sample_reqs
                 t2 = time.perf_counter()
-                if fused is not None:  # the fused decode stack, as ModelRunner.run takes it
-                    logits = fused(ids, pos, attn)
-                else:
-                    logits = eng.runner.forward(bucket, ids, pos, attn)[: len(sample_reqs)]
+                logits = path.run(inputs)[: len(sample_reqs)]
                 t3 = time.perf_counter()
                 rows = [r.sampling for r in sample_reqs if r.sampling is not None]
                 out = eng.runner.sampler(logits, rows)

@@ -23,6 +23,7 @@ from surge.engine.model_runner import ModelRunner
 from surge.engine.outputs import EngineCoreOutput, EngineCoreRequest, EngineStats
 from surge.engine.policies import make_policy
 from surge.engine.request import FinishReason, Request
+from surge.engine.runner_config import RunnerConfig
 from surge.engine.sampler import Sampler
 from surge.engine.scheduler import Scheduler
 from surge.engine.token_rules import encode_bad_words
@@ -63,18 +64,11 @@ class EngineCore:
         sampler = Sampler(self.eos_token_ids, seed=config.model.seed, use_kernels=use_kernels)
         self.grammars = GrammarCompiler(self.tokenizer, files.spec.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(
-            self.model,
-            loaded.kv_caches,
-            sampler,
-            loaded.precision.device,
-            cache.block_size,
-            config.model.use_kernels,
-            config.model.compile,
-            config.model.fused_decode,
-            config.model.cuda_graphs,
-            config.scheduler.max_num_seqs,
-            self.max_model_len,
-            config.model.batch_invariant,
+            model=self.model,
+            kv_caches=loaded.kv_caches,
+            sampler=sampler,
+            device=loaded.precision.device,
+            config=RunnerConfig.from_engine(config, self.max_model_len),
         )
         scheduler_config = self._check_batch_invariant(config)
         # After the runner: the fused 4-bit stack and CUDA graphs hold the base layers, and

@@ -82,7 +82,7 @@ class DecodeGraphs:
         return self.buckets[bisect.bisect_left(self.buckets, n)]
 
     def __call__(self, ids: Tensor, positions: Tensor, attn: AttnMetadata) -> Tensor:
-        """Logits of a pure-decode step already padded to a bucket (ModelRunner.prepare)."""
+        """Logits of a pure-decode step already padded to a bucket (StepInputBuilder.build)."""
         rows = ids.shape[0]
         assert rows in self.buckets and not attn.prefills
         width_in = attn.decode_block_tables.shape[1]

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 Q4_MAX_ROWS = 3
 # Without int8 copies (no AVX-512 VNNI): the largest step the stack takes on the 4-bit weights.
 Q4_ONLY_MAX_ROWS = 1024
-# Prefill chunks join a step as rows of their own (ModelRunner.prepare, chunks_as_rows), any
+# Prefill chunks join a step as rows of their own (StepInputBuilder.build, chunks_as_rows), any
 # chunk that fits the step: the stack beat the layer-by-layer path at every chunk measured, 16
 # to 511 tokens, on the 4-bit weights alone (AVX2: 0.50-0.83x the step time) and with the int8
 # copies (AVX-512 VNNI: 63 decodes + 64 to 511 tokens 0.73-0.82x, 1 + 128 0.65x), and matched
