@@ -84,7 +84,7 @@ def history_prometheus(args: argparse.Namespace, folder: Path, t0_unix: float) -
     return PrometheusProcess(binary("prometheus"), folder, {}, [])
 
 
-def one_run(args: argparse.Namespace, model: Path, policy: str, out_dir: Path) -> dict:
+def one_run(args: argparse.Namespace, model: str, policy: str, out_dir: Path) -> dict:
     port, mport = free_port(), free_port()
     horizon = args.cold_start + 2
     forecaster, _, seeded = policy.partition("+")  # "seasonal+history": history at start
@@ -101,7 +101,8 @@ def one_run(args: argparse.Namespace, model: Path, policy: str, out_dir: Path) -
         "--forecaster", forecaster,
         "--forecast-horizon", str(horizon if forecaster != "none" else 0),
         "--forecast-step", str(args.period / 36), "--forecast-period", str(args.period),
-        "--", "--model", str(model), "--dtype", "float32", "--served-model-name", "test-model",
+        "--", "--model", model, "--served-model-name", "test-model",
+        *(["--dtype", "float32"] if args.model == "tiny" else []),
         "--max-num-seqs", str(args.max_num_seqs), "--kv-cache-memory-gib", "0.1",
     ]  # fmt: skip
     if prom is not None:
@@ -230,6 +231,11 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--history-periods", type=float, default=2.0)
     ap.add_argument(
+        "--model", default="tiny",
+        help="tiny (a random 2-layer Llama: fast, so its replicas add little capacity) or what "
+        "surge serve --model takes (with --cpus-per-replica auto, a replica a core)",
+    )  # fmt: skip
+    ap.add_argument(
         "--start-margin", type=float, default=45.0,
         help="+history: seconds from writing the history to the bench's start",
     )  # fmt: skip
@@ -239,8 +245,10 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     from surge.models.resolve import resolve_model
 
-    model = write_tiny_llama(Path(tempfile.mkdtemp(prefix="tiny-", dir=out_dir)),
-                             resolve_model("smollm2-135m"))  # fmt: skip
+    model = args.model
+    if model == "tiny":
+        model = str(write_tiny_llama(Path(tempfile.mkdtemp(prefix="tiny-", dir=out_dir)),
+                                     resolve_model("smollm2-135m")))  # fmt: skip
     runs = [one_run(args, model, f, out_dir) for f in args.forecasters.split(",")]
     for run in runs:
         leads_s = [x["lead_s"] for x in run["leads"]]
