@@ -1,6 +1,6 @@
 """Everything that changes a row's logits before the pick, one processor each, in the order the
-sampler runs them (vLLM v1's): repetition/frequency/presence penalties -> logit_bias ->
-allowed_token_ids -> bad_words -> min_tokens -> the grammar's mask.
+sampler runs them (vLLM v1's): repetition/frequency/presence penalties -> logit_bias,
+allowed_token_ids, bad_words -> min_tokens -> the grammar's mask.
 
 The contract: a processor is `active(row)` for the rows whose logits it changes, and
 `apply(logits, rows, active)` changes those rows. The sampler skips its work (the greedy fast path:
@@ -138,83 +138,59 @@ class Penalties:
         return apply_penalties(logits, rows)
 
 
-class LogitBias:
-    """OpenAI's logit_bias: added to the listed tokens' logits (ids past the vocabulary ignored)."""
+class TokenRules:
+    """A request's rules on single tokens: OpenAI's logit_bias (added; ids past the vocabulary
+    ignored), then vLLM's allowed_token_ids (every other token masked) and bad_words (a word's
+    last token masked where the tokens before it were just written). One processor, not three:
+    the sampler checks every processor on every row at every step, and these are rare."""
 
     in_place = False
-    masks_only = False
+    masks_only = False  # logit_bias adds
 
     def active(self, row: SamplingRow) -> bool:
-        return bool(row.params.logit_bias)
+        p = row.params
+        return bool(p.logit_bias or row.bad_words) or p.allowed_token_ids is not None
 
     def apply(
         self, logits: torch.Tensor, rows: Sequence[SamplingRow], active: Sequence[int]
     ) -> torch.Tensor:
         vocab, device = logits.shape[1], logits.device
-        r_idx: list[int] = []
-        c_idx: list[int] = []
-        values: list[float] = []
+        bias_r: list[int] = []
+        bias_c: list[int] = []
+        bias_v: list[float] = []
+        ban_r: list[int] = []
+        ban_c: list[int] = []
+        allowed: list[tuple[int, tuple[int, ...]]] = []
         for i in active:
-            for token, bias in rows[i].params.logit_bias:
+            row = rows[i]
+            p = row.params
+            for token, bias in p.logit_bias:
                 if token < vocab:
-                    r_idx.append(i)
-                    c_idx.append(token)
-                    values.append(bias)
-        if not r_idx:
-            return logits
-        index = (torch.tensor(r_idx, device=device), torch.tensor(c_idx, device=device))
-        bias = torch.tensor(values, dtype=logits.dtype, device=device)
-        return logits.index_put(index, bias, accumulate=True)
-
-
-class AllowedTokenIds:
-    """vLLM's allowed_token_ids: every other token masked."""
-
-    in_place = False
-    masks_only = True
-
-    def active(self, row: SamplingRow) -> bool:
-        return row.params.allowed_token_ids is not None
-
-    def apply(
-        self, logits: torch.Tensor, rows: Sequence[SamplingRow], active: Sequence[int]
-    ) -> torch.Tensor:
-        vocab = logits.shape[1]
-        keep = torch.ones_like(logits, dtype=torch.bool)
-        for i in active:
-            keep[i] = False
-            keep[i, [t for t in rows[i].params.allowed_token_ids or () if t < vocab]] = True
-        return logits.masked_fill(~keep, float("-inf"))
-
-
-class BadWordsBan:
-    """vLLM's bad_words: a word's last token masked where the tokens before it were just written."""
-
-    in_place = False
-    masks_only = True
-
-    def active(self, row: SamplingRow) -> bool:
-        return bool(row.bad_words)
-
-    def apply(
-        self, logits: torch.Tensor, rows: Sequence[SamplingRow], active: Sequence[int]
-    ) -> torch.Tensor:
-        vocab, device = logits.shape[1], logits.device
-        r_idx: list[int] = []
-        c_idx: list[int] = []
-        for i in active:
-            out = rows[i].output_token_ids
-            for seq in rows[i].bad_words:
+                    bias_r.append(i)
+                    bias_c.append(token)
+                    bias_v.append(bias)
+            if p.allowed_token_ids is not None:
+                allowed.append((i, p.allowed_token_ids))
+            out = row.output_token_ids
+            for seq in row.bad_words:
                 *head, last = seq
                 if last < vocab and (not head or list(out[len(out) - len(head) :]) == head):
-                    r_idx.append(i)
-                    c_idx.append(last)
-        if not r_idx:
-            return logits
-        index = (torch.tensor(r_idx, device=device), torch.tensor(c_idx, device=device))
-        return logits.index_put(
-            index, torch.tensor(float("-inf"), dtype=logits.dtype, device=device)
-        )
+                    ban_r.append(i)
+                    ban_c.append(last)
+        if bias_r:
+            index = (torch.tensor(bias_r, device=device), torch.tensor(bias_c, device=device))
+            values = torch.tensor(bias_v, dtype=logits.dtype, device=device)
+            logits = logits.index_put(index, values, accumulate=True)
+        if allowed:
+            keep = torch.ones_like(logits, dtype=torch.bool)
+            for i, ids in allowed:
+                keep[i] = False
+                keep[i, [t for t in ids if t < vocab]] = True
+            logits = logits.masked_fill(~keep, float("-inf"))
+        if ban_r:
+            index = (torch.tensor(ban_r, device=device), torch.tensor(ban_c, device=device))
+            logits = logits.index_put(index, torch.tensor(float("-inf"), device=device))
+        return logits
 
 
 class MinTokens:
@@ -261,9 +237,7 @@ def default_processors(
     """Every processor the engine runs, in order."""
     return [
         Penalties(),
-        LogitBias(),
-        AllowedTokenIds(),
-        BadWordsBan(),
+        TokenRules(),
         MinTokens(eos_token_ids),
         GrammarMask(use_kernels),
     ]

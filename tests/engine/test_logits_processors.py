@@ -11,12 +11,10 @@ import pytest
 import torch
 
 from surge.engine.logits_processors import (
-    AllowedTokenIds,
-    BadWordsBan,
     GrammarMask,
-    LogitBias,
     MinTokens,
     Penalties,
+    TokenRules,
     default_processors,
 )
 from surge.engine.sampler import Sampler
@@ -52,29 +50,27 @@ def test_penalties() -> None:
     assert logits[0, 2] == 1.0  # not in place
 
 
-def test_logit_bias() -> None:
-    proc = LogitBias()
-    assert not proc.active(row()) and proc.active(row(logit_bias={1: 5.0}))
-    rows = [row(logit_bias={1: 5.0, 3: -2.0, 99: 1.0}), row()]  # 99: past this vocab
-    out = proc.apply(torch.zeros(2, 4), rows, [0])
-    assert out.tolist() == [[0.0, 5.0, 0.0, -2.0], [0.0] * 4]
-
-
-def test_allowed_token_ids() -> None:
-    proc = AllowedTokenIds()
-    assert not proc.active(row()) and proc.active(row(allowed_token_ids=[2]))
-    rows = [row(), row(allowed_token_ids=[0, 2, 50])]
-    out = proc.apply(torch.ones(2, 4), rows, [1])
-    assert out.tolist() == [[1.0] * 4, [1.0, INF, 1.0, INF]]
-
-
-def test_bad_words() -> None:
-    proc = BadWordsBan()
-    assert not proc.active(row()) and proc.active(row(bad_words=((3,),)))
-    # (3,): always banned; (1, 2): 2 banned only right after 1.
-    rows = [row(output=[1], bad_words=((3,), (1, 2))), row(output=[2], bad_words=((1, 2),))]
-    out = proc.apply(torch.zeros(2, 4), rows, [0, 1])
-    assert out.tolist() == [[0.0, 0.0, INF, INF], [0.0] * 4]
+def test_token_rules() -> None:
+    proc = TokenRules()
+    assert not proc.active(row())
+    assert proc.active(row(logit_bias={1: 5.0})) and proc.active(row(allowed_token_ids=[2]))
+    assert proc.active(row(bad_words=((3,),)))
+    rows = [
+        row(logit_bias={1: 5.0, 3: -2.0, 99: 1.0}),  # 99: past this vocab
+        row(),
+        row(allowed_token_ids=[0, 2, 50], logit_bias={0: 1.0}),
+        # (3,): always banned; (1, 2): 2 banned only right after 1.
+        row(output=[1], bad_words=((3,), (1, 2))),
+        row(output=[2], bad_words=((1, 2),)),
+    ]
+    out = proc.apply(torch.zeros(5, 4), rows, [0, 2, 3, 4])
+    assert out.tolist() == [
+        [0.0, 5.0, 0.0, -2.0],
+        [0.0] * 4,
+        [1.0, INF, 0.0, INF],
+        [0.0, 0.0, INF, INF],
+        [0.0] * 4,
+    ]
 
 
 def test_min_tokens() -> None:
