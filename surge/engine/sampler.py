@@ -214,8 +214,8 @@ class Sampler:
             out = logits
             if not all(proc.masks_only for proc, _ in active):
                 out = logits.float()
-            for proc, idx in active:
-                out = proc.apply(out, rows, idx)
+            for proc, where in active:
+                out = proc.apply(out, rows, where)
             return SamplerOutput(
                 token_ids=row_argmax(out).tolist(),
                 logprobs=[None] * num_rows,
@@ -223,10 +223,10 @@ class Sampler:
             )
         raw = logits.float()  # [num_rows, vocab]; logprobs report it unchanged
         processed = raw
-        for proc, idx in active:
+        for proc, where in active:
             if proc.in_place and processed.data_ptr() == raw.data_ptr():
                 processed = processed.clone()
-            processed = proc.apply(processed, rows, idx)
+            processed = proc.apply(processed, rows, where)
         sampled = row_argmax(processed)  # [num_rows]; random rows overwritten below
         random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         if random_rows:
