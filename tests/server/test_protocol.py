@@ -201,7 +201,9 @@ def test_chat_mapping_to_sampling_params() -> None:
     assert (p.max_tokens, p.logprobs, p.seed, p.stop, p.stop_token_ids) == (9, 3, 4, ("x",), (2,))
     assert (p.top_k, p.min_p, p.ignore_eos, p.n) == (5, 0.1, True, 2)
     assert (
-        ChatCompletionRequest.model_validate(chat(logprobs=True)).to_sampling_params(room=1).logprobs
+        ChatCompletionRequest.model_validate(chat(logprobs=True))
+        .to_sampling_params(room=1)
+        .logprobs
         == 0
     )
     assert ChatCompletionRequest.model_validate(chat()).to_sampling_params(room=1).logprobs is None
