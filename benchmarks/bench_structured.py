@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import surge.engine.sampler as sampler_module
+import surge.engine.logits_processors as processors_module
 from surge.engine.llm import LLM
 from surge.sampling_params import SamplingParams
 from surge.structured_output import StructuredOutput
@@ -54,8 +54,8 @@ def _timed(fn):  # type: ignore[no-untyped-def]
     return timed
 
 
-sampler_module.token_bitmask = _timed(sampler_module.token_bitmask)  # type: ignore[assignment]
-sampler_module.apply_token_bitmask_ = _timed(sampler_module.apply_token_bitmask_)  # type: ignore
+processors_module.token_bitmask = _timed(processors_module.token_bitmask)  # type: ignore[assignment]
+processors_module.apply_token_bitmask_ = _timed(processors_module.apply_token_bitmask_)  # type: ignore
 
 
 def run(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int, list[str]]:

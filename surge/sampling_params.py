@@ -182,3 +182,14 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         """True when the next token is always the most likely one (no randomness)."""
         return self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1
+
+
+def effective_max_tokens(requested: int | None, room: int, default: int | None = None) -> int:
+    """The most tokens a request may generate, `room` being what the context leaves after its
+    prompt: what it asked for, else `default` (the server's --default-max-tokens or the model's
+    max_new_tokens), else all the room; never more than the room. The engine clamps with this;
+    the server answers 400 first to a request that asks for more than the room
+    (surge/server/protocol.py: `_SamplingRequest.context_room`)."""
+    if requested is None:
+        requested = room if default is None else default
+    return min(requested, room)

@@ -45,6 +45,10 @@ FORBIDDEN = {
     ),
 }
 
+# Modules that must not import torch, not even through the surge modules they import: the
+# scheduler describes each step as plain data (the sampler's row is engine/sampling_row.py).
+NO_TORCH = ("surge.engine.scheduler", "surge.engine.sampling_row", "surge.sampling_params")
+
 
 def _python_files() -> list[Path]:
     return [p for d in ("surge", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")]
@@ -73,4 +77,45 @@ def test_imports_flow_one_way() -> None:
                 elif isinstance(node, ast.ImportFrom) and node.module:
                     names = [node.module]
                 bad += [f"{module} imports {n}" for n in names if n.startswith(forbidden)]
+    assert not bad, bad
+
+
+def _module_file(module: str) -> Path | None:
+    base = ROOT.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imported_at_load(module: str) -> list[str]:
+    """What importing `module` imports (its module-level imports, not those under `if
+    TYPE_CHECKING` or inside functions), with the packages above each."""
+    path = _module_file(module)
+    if path is None:
+        return []
+    names: list[str] = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+            # `from surge.engine import sampler` imports the module surge.engine.sampler
+            names += [f"{node.module}.{a.name}" for a in node.names]
+    parents = [".".join(n.split(".")[:i]) for n in names for i in range(1, n.count(".") + 1)]
+    return names + parents
+
+
+def test_plain_modules_do_not_import_torch() -> None:
+    bad = []
+    for start in NO_TORCH:
+        seen, todo = {start}, [start]
+        while todo:
+            module = todo.pop()
+            for name in _imported_at_load(module):
+                if name == "torch" or name.startswith("torch."):
+                    bad.append(f"{start} imports torch through {module}")
+                elif name.startswith("surge") and name not in seen and _module_file(name):
+                    seen.add(name)
+                    todo.append(name)
     assert not bad, bad

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from surge.engine.request import TokenLogprob
-from surge.engine.sampler import SamplingRow
+from surge.engine.sampling_row import SamplingRow
 
 
 @dataclass(frozen=True, slots=True)

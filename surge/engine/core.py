@@ -30,6 +30,7 @@ from surge.engine.token_rules import encode_bad_words
 from surge.models.device import Precision
 from surge.models.resolve import resolve_model
 from surge.models.weights import ModelFiles, open_model
+from surge.sampling_params import effective_max_tokens
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +145,7 @@ class EngineCore:
         creq.params.check_vocab(vocab)
         if creq.params.batch_invariant and self.runner.fused is None:
             raise ValueError(BATCH_INVARIANT_UNAVAILABLE)
-        room = self.max_model_len - prompt_len
-        max_tokens = room if creq.params.max_tokens is None else min(creq.params.max_tokens, room)
+        max_tokens = effective_max_tokens(creq.params.max_tokens, self.max_model_len - prompt_len)
         seed = creq.seed
         if seed is None:
             seed = creq.params.seed if creq.params.seed is not None else self._rng.getrandbits(63)

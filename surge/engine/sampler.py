@@ -1,7 +1,7 @@
 """Turn a batch of logits into next tokens, following vLLM v1's sampling semantics.
 
-Order: repetition penalty -> frequency/presence penalties -> logit_bias, allowed_token_ids,
-bad_words -> min_tokens masking -> greedy argmax,
+Order: the logits processors (logits_processors.py: penalties, logit_bias, allowed_token_ids,
+bad_words, min_tokens, the grammar's mask) -> greedy argmax,
 or temperature -> min_p -> top_k -> top_p -> sample. Logprobs report the raw model distribution.
 Random rows are sampled statelessly from (seed, step), so a seeded request gets the same tokens
 whatever else is in the batch.
@@ -11,28 +11,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from surge.engine.grammar import apply_token_bitmask_, token_bitmask
-from surge.engine.token_rules import BadWords, apply_token_rules, has_token_rules
-from surge.sampling_params import SamplingParams
+from surge.engine.logits_processors import (
+    LogitsProcessor,
+    apply_min_tokens,
+    apply_penalties,
+    column,
+    default_processors,
+)
+from surge.engine.sampling_row import SamplingRow
+
+# Re-exported: the sampler's callers and tests name them from here.
+__all__ = [
+    "LogitsProcessor",
+    "Sampler",
+    "SamplerOutput",
+    "SamplingRow",
+    "apply_min_tokens",
+    "apply_penalties",
+    "mix_seed",
+    "row_argmax",
+]
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN64 = 0x9E3779B97F4A7C15
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingRow:
-    """One row of logits to sample from."""
-
-    params: SamplingParams
-    seed: int  # effective seed (the engine picks a random one when params.seed is None)
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]  # tokens generated so far by this request
-    grammar: Any = None  # an llguidance matcher: only tokens it allows may be picked
-    bad_words: BadWords = ()  # the request's bad_words as token sequences
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,101 +61,6 @@ def mix_seed(seed: int, step: int) -> int:
     return _splitmix64(_splitmix64(seed & _MASK64) ^ (step & _MASK64)) >> 1
 
 
-def _has_penalties(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-
-
-def _min_tokens_active(row: SamplingRow) -> bool:
-    return len(row.output_token_ids) < row.params.min_tokens
-
-
-def _token_counts(
-    ids_per_row: Sequence[tuple[int, Sequence[int]]], shape: torch.Size, device: torch.device
-) -> torch.Tensor:
-    """Occurrences of each token in each listed row: [num_rows, vocab] float32, 0 elsewhere."""
-    num_rows, vocab = shape
-    flat: list[int] = []
-    for row, ids in ids_per_row:
-        base = row * vocab
-        flat.extend(base + t for t in ids)
-    counts = torch.zeros(num_rows * vocab, dtype=torch.float32, device=device)
-    if flat:
-        index = torch.tensor(flat, dtype=torch.long, device=device)
-        counts.scatter_add_(0, index, torch.ones(len(flat), dtype=torch.float32, device=device))
-    return counts.view(num_rows, vocab)
-
-
-def _column(values: list[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)  # [num_rows, 1]
-
-
-def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """Repetition, then frequency/presence penalties. Never modifies `logits`; float32 result.
-
-    Repetition (prompt + output tokens): positive logits are divided by the penalty, negative ones
-    multiplied. Frequency/presence (output tokens only): logit -= freq * count + presence * seen.
-    """
-    out = logits.float()  # [num_rows, vocab]
-    if not any(_has_penalties(r.params) for r in rows):
-        return out
-    device = out.device
-    rep_rows = [
-        (i, [*r.prompt_token_ids, *r.output_token_ids])
-        for i, r in enumerate(rows)
-        if r.params.repetition_penalty != 1.0
-    ]
-    if rep_rows:
-        seen = _token_counts(rep_rows, out.shape, device) > 0  # [num_rows, vocab]
-        rep = _column([r.params.repetition_penalty for r in rows], device)
-        out = torch.where(seen, torch.where(out > 0, out / rep, out * rep), out)
-    freq_rows = [
-        (i, r.output_token_ids)
-        for i, r in enumerate(rows)
-        if r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0
-    ]
-    if freq_rows:
-        counts = _token_counts(freq_rows, out.shape, device)  # [num_rows, vocab]
-        freq = _column([r.params.frequency_penalty for r in rows], device)
-        presence = _column([r.params.presence_penalty for r in rows], device)
-        out = out - freq * counts - presence * (counts > 0).float()
-    return out
-
-
-def apply_min_tokens(
-    logits: torch.Tensor, rows: Sequence[SamplingRow], eos_token_ids: Sequence[int]
-) -> torch.Tensor:
-    """Forbid EOS (unless ignore_eos) and stop_token_ids until a row has min_tokens outputs."""
-    vocab = logits.shape[1]
-    row_idx: list[int] = []
-    col_idx: list[int] = []
-    for i, r in enumerate(rows):
-        if not _min_tokens_active(r):
-            continue
-        banned = set(r.params.stop_token_ids)
-        if not r.params.ignore_eos:
-            banned.update(eos_token_ids)
-        # User-supplied ids may lie outside this model's vocabulary: nothing to mask there.
-        cols = sorted(t for t in banned if 0 <= t < vocab)
-        row_idx.extend([i] * len(cols))
-        col_idx.extend(cols)
-    if not row_idx:
-        return logits
-    device = logits.device
-    index = (torch.tensor(row_idx, device=device), torch.tensor(col_idx, device=device))
-    return logits.index_put(index, torch.tensor(float("-inf"), dtype=logits.dtype, device=device))
-
-
-def process_logits(
-    logits: torch.Tensor, rows: Sequence[SamplingRow], eos_token_ids: Sequence[int]
-) -> torch.Tensor:
-    """Penalties, logit_bias and the token masks, then min_tokens masking: the logits greedy and
-    random sampling start from."""
-    out = apply_penalties(logits, rows)
-    if any(has_token_rules(r) for r in rows):
-        out = apply_token_rules(out, rows)
-    return apply_min_tokens(out, rows, eos_token_ids)
-
-
 def _ranked(probs: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `width` largest probabilities per row, best first, ties by lower id, and their ids."""
     if width >= probs.shape[1]:
@@ -172,7 +81,7 @@ def _truncate(probs: torch.Tensor, ks: list[int], top_ps: list[float]) -> torch.
         torch.arange(width, device=device).unsqueeze(0) < torch.tensor(ks, device=device)[:, None]
     )
     ranked = ranked * keep
-    top_p = _column(top_ps, device)  # [m, 1]
+    top_p = column(top_ps, device)  # [m, 1]
     cum = ranked.cumsum(dim=-1)
     mass_before = cum - ranked  # exactly 0 for the first token, so it is always kept
     # top_p is relative to what min_p/top_k left (vLLM renormalises before top_p).
@@ -226,10 +135,10 @@ def _sample_random(
 ) -> torch.Tensor:
     """Temperature, min_p, top_k, top_p, then an exact draw: argmax(probs / Exp(1) noise)."""
     device = logits.device
-    temperature = _column([r.params.temperature for r in rows], device)
+    temperature = column([r.params.temperature for r in rows], device)
     probs = torch.softmax(logits / temperature, dim=-1)  # [m, vocab]
     if any(r.params.min_p > 0.0 for r in rows):
-        min_p = _column([r.params.min_p for r in rows], device)
+        min_p = column([r.params.min_p for r in rows], device)
         probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
     probs = _apply_top_k_top_p(probs, rows)
     noise = _exponential_noise(rows, logits.shape[1], device, shared)
@@ -254,10 +163,19 @@ class Sampler:
     """Picks one token per row of logits; stateless apart from the EOS ids."""
 
     def __init__(
-        self, eos_token_ids: Sequence[int], seed: int | None = None, use_kernels: bool = True
+        self,
+        eos_token_ids: Sequence[int],
+        seed: int | None = None,
+        use_kernels: bool = True,
+        processors: Sequence[LogitsProcessor] | None = None,
     ) -> None:
         self.eos_token_ids: tuple[int, ...] = tuple(eos_token_ids)
-        self.use_kernels = use_kernels  # the compiled logit mask of structured output
+        # What changes the logits before the pick, in order (logits_processors.py).
+        self.processors: list[LogitsProcessor] = list(
+            default_processors(self.eos_token_ids, use_kernels)
+            if processors is None
+            else processors
+        )
         # Shared generator for requests without a seed of their own (None: per-row generators
         # from the engine-chosen seeds for every row).
         self._seed = seed
@@ -273,40 +191,42 @@ class Sampler:
             self._shared[device] = gen
         return gen
 
+    def _active(self, rows: Sequence[SamplingRow]) -> list[tuple[LogitsProcessor, list[int]]]:
+        """The processors active for some row, each with those rows' indices."""
+        found = []
+        for proc in self.processors:
+            is_active = proc.active
+            if any(map(is_active, rows)):
+                found.append((proc, [i for i, r in enumerate(rows) if is_active(r)]))
+        return found
+
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(
                 f"logits must have shape [len(rows)={len(rows)}, vocab], got {list(logits.shape)}"
             )
         num_rows = len(rows)
-        constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
-        bits = (
-            token_bitmask([rows[i].grammar for i in constrained], logits.shape[1])
-            if constrained
-            else None
-        )
-        if all(
-            r.params.is_greedy
-            and r.params.logprobs is None
-            and not _has_penalties(r.params)
-            and not has_token_rules(r)
-            and not _min_tokens_active(r)
-            for r in rows
-        ):
-            # Fast path: argmax is the same in any float dtype, no softmax needed.
-            if bits is not None:  # the step's logits are ours to change
-                apply_token_bitmask_(logits, constrained, bits, self.use_kernels)
+        active = self._active(rows)
+        if all(r.params.is_greedy and r.params.logprobs is None for r in rows):
+            # Greedy without logprobs: the step's logits are ours to change and nothing else
+            # reads them. Argmax is the same in any float dtype, so only a processor that does
+            # more than mask needs a float32 copy; with none active this is argmax alone.
+            out = logits
+            if not all(proc.masks_only for proc, _ in active):
+                out = logits.float()
+            for proc, where in active:
+                out = proc.apply(out, rows, where)
             return SamplerOutput(
-                token_ids=row_argmax(logits).tolist(),
+                token_ids=row_argmax(out).tolist(),
                 logprobs=[None] * num_rows,
                 top_logprobs=[None] * num_rows,
             )
-        raw = logits.float()  # [num_rows, vocab]
-        processed = process_logits(raw, rows, self.eos_token_ids)
-        if bits is not None:  # after the penalties; logprobs still report the raw model
-            if processed.data_ptr() == raw.data_ptr():
+        raw = logits.float()  # [num_rows, vocab]; logprobs report it unchanged
+        processed = raw
+        for proc, where in active:
+            if proc.in_place and processed.data_ptr() == raw.data_ptr():
                 processed = processed.clone()
-            apply_token_bitmask_(processed, constrained, bits, self.use_kernels)
+            processed = proc.apply(processed, rows, where)
         sampled = row_argmax(processed)  # [num_rows]; random rows overwritten below
         random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         if random_rows:

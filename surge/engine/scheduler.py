@@ -19,7 +19,7 @@ from surge.engine.config import SchedulerConfig, SpeculativeConfig
 from surge.engine.ngram import NgramIndex
 from surge.engine.policies import Policy
 from surge.engine.request import FinishReason, Request, RequestStatus, TokenLogprob
-from surge.engine.sampler import SamplingRow
+from surge.engine.sampling_row import SamplingRow
 
 MAX_TRACKED_TENANTS = 1000
 OTHER_TENANT = "other"

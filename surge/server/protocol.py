@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from surge.sampling_params import SamplingParams
+from surge.sampling_params import SamplingParams, effective_max_tokens
 from surge.server.errors import BadRequestError
 from surge.server.protocol_structured import (
     NamedToolChoice,
@@ -216,10 +216,25 @@ class _SamplingRequest(_Model):
         guided = (self.guided_json, self.guided_regex, self.guided_choice, self.guided_grammar)
         return structured_output_of(self.response_format, self.structured_outputs, guided)
 
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """The output length the request names; None: it names none."""
+        raise NotImplementedError
+
+    def context_room(self, prompt_lens: Sequence[int], max_model_len: int, *, param: str) -> int:
+        """What the context leaves for output after the longest prompt; the 400s of
+        `check_context_length` (code context_length_exceeded) for a prompt that leaves none or a
+        max_tokens that asks for more. With `to_sampling_params(room=...)`, chat and completions
+        get their max_tokens here and from `effective_max_tokens`, nowhere else."""
+        for n in prompt_lens:
+            check_context_length(n, self.requested_max_tokens, max_model_len, param=param)
+        return max_model_len - max(prompt_lens)
+
     def _sampling_params(
         self,
         *,
-        max_tokens: int | None,
+        room: int,
+        default_max_tokens: int | None,
         logprobs: int | None,
         renames: Mapping[str, str],
         structured: StructuredOutput | None,
@@ -246,7 +261,9 @@ class _SamplingRequest(_Model):
                 presence_penalty=self.presence_penalty or 0.0,
                 frequency_penalty=self.frequency_penalty or 0.0,
                 repetition_penalty=_or(self.repetition_penalty, d.get("repetition_penalty", 1.0)),
-                max_tokens=max_tokens,
+                max_tokens=effective_max_tokens(
+                    self.requested_max_tokens, room, default_max_tokens
+                ),
                 min_tokens=self.min_tokens,
                 stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
                 stop_token_ids=tuple(self.stop_token_ids or ()),
@@ -332,16 +349,26 @@ class CompletionRequest(_SamplingRequest):
             return [[t for t in p if isinstance(t, int)]]
         return [x for x in p if not isinstance(x, int)]
 
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
     def to_sampling_params(
-        self, default_max_tokens: int, defaults: Mapping[str, float] | None = None
+        self,
+        *,
+        room: int,
+        default_max_tokens: int | None = None,
+        defaults: Mapping[str, float] | None = None,
     ) -> SamplingParams:
         """Engine settings; raises BadRequestError(param=...) for any out-of-range value.
-        `defaults`: the model's, for the fields the request leaves out."""
-        max_tokens = default_max_tokens if self.max_tokens is None else self.max_tokens
+        `room`: the output the context leaves (`context_room`); `default_max_tokens`: the
+        server's, for a request that names none (None: all the room); `defaults`: the model's,
+        for the sampling fields the request leaves out."""
         prompt_logprobs = self.prompt_logprobs
         if self.echo and self.logprobs is not None:  # OpenAI's echo scores the prompt too
             prompt_logprobs = max(prompt_logprobs or 0, self.logprobs)
-        return self._sampling_params(max_tokens=max_tokens, logprobs=self.logprobs, renames={},
+        return self._sampling_params(room=room, default_max_tokens=default_max_tokens,
+                                     logprobs=self.logprobs, renames={},
                                      structured=self.structured_output(),
                                      prompt_logprobs=prompt_logprobs,
                                      defaults=defaults)  # fmt: skip
@@ -402,29 +429,34 @@ class ChatCompletionRequest(_SamplingRequest):
     def template_messages(self) -> list[dict[str, Any]]:
         return template_messages(self.messages)
 
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """max_completion_tokens, else the deprecated max_tokens."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
     def to_sampling_params(
         self,
-        default_max_tokens: int,
+        *,
+        room: int,
+        default_max_tokens: int | None = None,
         plan: ToolPlan | EllipsisType | None = ...,
         defaults: Mapping[str, float] | None = None,
     ) -> SamplingParams:
         """Engine settings; raises BadRequestError(param=...) for any out-of-range value.
-        `plan`: the request's tool plan, when the caller has it already."""
+        `room`, `default_max_tokens`, `defaults`: as CompletionRequest's; `plan`: the request's
+        tool plan, when the caller has it already."""
         if isinstance(plan, EllipsisType):
             plan = self.tool_plan()
         structured = with_tool_plan(plan, self.structured_output())
         renames = {"logprobs": "top_logprobs"}
         if self.max_completion_tokens is not None:
-            max_tokens: int | None = self.max_completion_tokens
             renames["max_tokens"] = "max_completion_tokens"
-        elif self.max_tokens is not None:
-            max_tokens = self.max_tokens
-        else:
-            max_tokens = default_max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(
-            max_tokens=max_tokens, logprobs=logprobs, renames=renames, structured=structured,
-            prompt_logprobs=self.prompt_logprobs, defaults=defaults,
+            room=room, default_max_tokens=default_max_tokens, logprobs=logprobs, renames=renames,
+            structured=structured, prompt_logprobs=self.prompt_logprobs, defaults=defaults,
         )  # fmt: skip
 
 

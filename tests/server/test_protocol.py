@@ -39,11 +39,11 @@ def make_app() -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest) -> dict[str, Any]:
-        return _params_dict(request.to_sampling_params(default_max_tokens=100))
+        return _params_dict(request.to_sampling_params(room=100))
 
     @app.post("/v1/chat/completions")
     async def chat(request: ChatCompletionRequest) -> dict[str, Any]:
-        return _params_dict(request.to_sampling_params(default_max_tokens=100))
+        return _params_dict(request.to_sampling_params(room=100))
 
     return app
 
@@ -179,7 +179,7 @@ async def test_out_of_range_values_are_400_naming_the_param(
 
 def test_n_bound_is_stated() -> None:
     with pytest.raises(BadRequestError, match=rf"n must be between 1 and {MAX_N}, got 17"):
-        CompletionRequest(prompt="x", n=17).to_sampling_params(10)
+        CompletionRequest(prompt="x", n=17).to_sampling_params(room=10)
 
 
 def test_null_means_default() -> None:
@@ -187,9 +187,9 @@ def test_null_means_default() -> None:
         chat(n=None, stream=None, logprobs=None, temperature=None, max_tokens=None)
     )
     assert (req.n, req.stream, req.logprobs) == (1, False, False)
-    assert req.to_sampling_params(7).max_tokens == 7
+    assert req.to_sampling_params(room=7).max_tokens == 7
     req2 = CompletionRequest.model_validate(completion(max_tokens=None))
-    assert req2.to_sampling_params(42).max_tokens == 42
+    assert req2.to_sampling_params(room=42).max_tokens == 42
 
 
 def test_chat_mapping_to_sampling_params() -> None:
@@ -197,14 +197,16 @@ def test_chat_mapping_to_sampling_params() -> None:
         chat(max_tokens=5, max_completion_tokens=9, logprobs=True, top_logprobs=3, seed=4,
              stop="x", stop_token_ids=[2], top_k=5, min_p=0.1, ignore_eos=True, n=2)
     )  # fmt: skip
-    p = req.to_sampling_params(100)
+    p = req.to_sampling_params(room=100)
     assert (p.max_tokens, p.logprobs, p.seed, p.stop, p.stop_token_ids) == (9, 3, 4, ("x",), (2,))
     assert (p.top_k, p.min_p, p.ignore_eos, p.n) == (5, 0.1, True, 2)
     assert (
-        ChatCompletionRequest.model_validate(chat(logprobs=True)).to_sampling_params(1).logprobs
+        ChatCompletionRequest.model_validate(chat(logprobs=True))
+        .to_sampling_params(room=1)
+        .logprobs
         == 0
     )
-    assert ChatCompletionRequest.model_validate(chat()).to_sampling_params(1).logprobs is None
+    assert ChatCompletionRequest.model_validate(chat()).to_sampling_params(room=1).logprobs is None
 
 
 def test_completion_prompt_forms_and_logprobs() -> None:
@@ -212,7 +214,7 @@ def test_completion_prompt_forms_and_logprobs() -> None:
     assert CompletionRequest(prompt=["a", "b"]).prompt_list() == ["a", "b"]
     assert CompletionRequest(prompt=[1, 2]).prompt_list() == [[1, 2]]
     assert CompletionRequest(prompt=[[1], [2, 3]]).prompt_list() == [[1], [2, 3]]
-    assert CompletionRequest(prompt="a", logprobs=5).to_sampling_params(1).logprobs == 5
+    assert CompletionRequest(prompt="a", logprobs=5).to_sampling_params(room=1).logprobs == 5
     assert CompletionRequest(prompt="a", temperature=1).temperature == 1.0
 
 
@@ -274,7 +276,7 @@ def test_requests_json_roundtrip_through_openai_sdk_shapes() -> None:
         ' "stop": ["\\n"], "seed": 1, "user": "u1", "logprobs": true, "top_logprobs": 2}'
     )
     req = ChatCompletionRequest.model_validate(body)
-    assert req.include_usage and req.to_sampling_params(100).max_tokens == 8
+    assert req.include_usage and req.to_sampling_params(room=100).max_tokens == 8
 
 
 def _dump(model: Any) -> Any:
@@ -434,7 +436,7 @@ def test_structured_output_forms(
 ) -> None:
     for req in (ChatCompletionRequest.model_validate(chat(**fields)),
                 CompletionRequest.model_validate(completion(**fields))):  # fmt: skip
-        structured = req.to_sampling_params(default_max_tokens=10).structured
+        structured = req.to_sampling_params(room=10).structured
         if kind is None:
             assert structured is None
         else:
@@ -445,13 +447,13 @@ def test_tool_choice_forms() -> None:
     named = {"type": "function", "function": {"name": "get_weather"}}
     for choice, kind in ((named, "json"), ("required", "json"), ("none", None)):
         req = ChatCompletionRequest.model_validate(chat(tools=TOOLS, tool_choice=choice))
-        structured = req.to_sampling_params(default_max_tokens=10).structured
+        structured = req.to_sampling_params(room=10).structured
         assert (structured and structured.kind) == kind
     req = ChatCompletionRequest.model_validate(chat(tools=TOOLS, tool_choice=named))
     plan = req.tool_plan()
     assert plan is not None and plan.named == "get_weather"
     assert (
-        json.loads(req.to_sampling_params(default_max_tokens=10).structured.spec)
+        json.loads(req.to_sampling_params(room=10).structured.spec)
         == (  # type: ignore[union-attr]
             TOOLS[0]["function"]["parameters"]  # type: ignore[index]
         )

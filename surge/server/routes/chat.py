@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from surge.engine.output_processor import SequenceDelta
 from surge.server.errors import BadRequestError
 from surge.server.openapi import ADMITTED, with_200
-from surge.server.protocol import ChatCompletionRequest, check_context_length
+from surge.server.protocol import ChatCompletionRequest
 from surge.server.protocol_responses import (
     ChatCompletionChoice,
     ChatCompletionResponse,
@@ -115,14 +115,12 @@ def start_chat(
     text = render_text(state, body)
     # The template writes any BOS itself: don't add special tokens again.
     prompt = state.tokenizer.encode(text, add_special_tokens=False)
-    max_tokens = (
-        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    )
-    check_context_length(len(prompt), max_tokens, state.max_model_len, param=param)
-    room = state.max_model_len - len(prompt)
-    default = room if state.default_max_tokens is None else state.default_max_tokens
+    room = body.context_room([len(prompt)], state.max_model_len, param=param)
     plan = body.tool_plan(auto_tools=state.tool_parser is not None)
-    params = body.to_sampling_params(min(default, room), plan, state.sampling_defaults)
+    params = body.to_sampling_params(
+        room=room, default_max_tokens=state.default_max_tokens, plan=plan,
+        defaults=state.sampling_defaults,
+    )  # fmt: skip
     opens = state.reasoning is not None and text.rstrip().endswith(THINK_START)
     if state.reasoning is not None and (structured := params.structured) is not None:
         # A reasoning model thinks first: the constraint holds from its `</think>` on. Not

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from surge.engine.output_processor import SequenceDelta
 from surge.server.errors import BadRequestError
 from surge.server.openapi import ADMITTED, with_200
-from surge.server.protocol import CompletionRequest, check_context_length
+from surge.server.protocol import CompletionRequest
 from surge.server.protocol_responses import (
     CompletionChoice,
     CompletionResponse,
@@ -48,11 +48,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
             raise BadRequestError("prompt must not be empty", param="prompt")
         if any(t >= state.client.info.vocab_size for t in ids):
             raise BadRequestError("prompt token id out of the vocabulary", param="prompt")
-        check_context_length(len(ids), body.max_tokens, state.max_model_len, param="prompt")
         prompts.append(ids)
-    room = state.max_model_len - max(len(p) for p in prompts)
-    default = room if state.default_max_tokens is None else state.default_max_tokens
-    params = body.to_sampling_params(min(default, room), state.sampling_defaults)
+    room = body.context_room([len(p) for p in prompts], state.max_model_len, param="prompt")
+    params = body.to_sampling_params(
+        room=room, default_max_tokens=state.default_max_tokens, defaults=state.sampling_defaults
+    )
     job = start_job(
         state, request, prompts, params, request_id=body.request_id, user=body.user,
         priority=body.priority if "priority" in body.model_fields_set else None,
