@@ -3,10 +3,11 @@
 Admission estimates a request's wait in engine steps (server/queue_wait.py), and a burst
 arrives before the engine has run any step worth measuring; the first steps it would run are a
 small batch's, which on a CPU cost a fraction of a full batch's. So the engine runs, on random
-token ids, a prefill chunk of a whole step's token budget and a batch of short prompts through
-a few decode steps (each twice: the first pass pays one-time costs, page faults, lazy kernels),
-and reports the second pass's (tokens, rows, seconds) with its Ready message. Then it forgets
-them: their prefix-cache entries and counters are cleared, so the metrics start from zero.
+token ids, a prefill chunk of a whole step's token budget and a batch of short prompts (up to
+256: a default full batch) through a few decode steps (each twice: the first pass pays one-time
+costs, page faults, lazy kernels), and reports the second pass's (tokens, rows, seconds) with
+its Ready message (on SmolLM2, 2 cores: 2.7 s of start-up). Then it forgets them: their
+prefix-cache entries and counters are cleared, so the metrics start from zero.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from surge.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-MAX_ROWS = 64  # decode rows measured; the model extrapolates to max_num_seqs
+MAX_ROWS = 256  # decode rows measured (a default full batch); beyond, the model extrapolates
 
 
 def calibrate(engine: EngineCore) -> tuple[StepSample, ...]:
@@ -33,7 +34,7 @@ def calibrate(engine: EngineCore) -> tuple[StepSample, ...]:
     vocab = engine.files.spec.vocab_size
     rng = random.Random(0)
     long_len = max(1, min(sched.max_num_batched_tokens, engine.max_model_len - 2, free_tokens // 2))
-    short_len = min(8, long_len)
+    short_len = min(2, long_len)  # the batch's prompts in as few prefill steps as can be
     rows = max(1, min(sched.max_num_seqs, MAX_ROWS, free_tokens // (2 * (short_len + 4) + block)))
     samples: list[StepSample] = []
     for rep in range(2):
