@@ -219,3 +219,25 @@ def test_a_malformed_model_file_is_a_clear_error_without_a_traceback(tmp_path: P
     out = _start_fails("--model", str(bad))
     assert "Traceback" not in out, out[-3000:]
     assert "model.gguf" in out or "gguf" in out.lower(), out[-2000:]
+
+
+def test_an_unwritable_cache_path_serves_on_torch_ops_and_says_which_path(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Promise: a cache folder that cannot be created (here under a regular file, which stops
+    root too) does not stop the server: the compiled kernels fall back to torch ops, each with
+    one warning naming the path, no traceback, and requests are answered."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("HOME", str(blocker / "home"))  # ~/.cache/surge/kernels under a file
+    server = ServerProcess(tiny_model_dir, "--dtype", "float32")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+        out = client.completions.create(model="test-model", prompt="hi", max_tokens=4)
+        assert out.choices[0].text is not None and out.usage is not None
+        assert out.usage.completion_tokens == 4 or out.choices[0].finish_reason == "stop"
+        log = server.log()
+        assert "unavailable, using torch ops" in log and str(blocker) in log, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+    finally:
+        server.stop()
