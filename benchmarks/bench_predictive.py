@@ -35,8 +35,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_autoscale import metric
 from tests.conftest import write_tiny_llama
-from tests.observability.prom_process import PrometheusProcess
-from tests.observability.prometheus_bin import binary
+from tests.observability.prom_process import PrometheusProcess, prometheus_holding_counter
 from tests.servers import free_port
 
 
@@ -61,27 +60,18 @@ def history_prometheus(args: argparse.Namespace, folder: Path, t0_unix: float) -
     """A Prometheus holding --history-periods of the run's own sinusoid before t0_unix (when the
     bench will start), as the fleet's counter sampled every second: what a Prometheus that had
     watched this traffic for that long would hold."""
-    folder.mkdir(parents=True, exist_ok=True)
     swing, w = args.peak - args.base, 2 * math.pi / args.period
 
     def received(t: float) -> float:  # the integral of bench's sinusoid rate from t = 0
         return (args.base + swing / 2) * t - swing / 2 / w * math.cos(w * t)
 
     start = -args.history_periods * args.period
-    lines = ["# TYPE surge:requests_received counter"]
-    for k in range(int(args.history_periods * args.period)):
-        t = start + k
-        value = received(t) - received(start)
-        lines.append(f'surge:requests_received_total{{model_name="test-model"}} {value:.4f} '
-                     f"{t0_unix + t:.3f}")  # fmt: skip
-    lines.append("# EOF")
-    (folder / "history.om").write_text("\n".join(lines) + "\n")
-    subprocess.run(
-        [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet",
-         str(folder / "history.om"), str(folder / "data")],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    return PrometheusProcess(binary("prometheus"), folder, {}, [])
+    seconds = range(int(args.history_periods * args.period))
+    return prometheus_holding_counter(
+        folder,
+        'surge:requests_received_total{model_name="test-model"}',
+        ((t0_unix + start + k, received(start + k) - received(start)) for k in seconds),
+    )
 
 
 def one_run(args: argparse.Namespace, model: str, policy: str, out_dir: Path) -> dict:

@@ -250,7 +250,7 @@ class AsyncEngineClient:
             self._stats = msg.stats
             self.step_cost.observe(msg.stats.step_samples)
             if len(self._iteration_tokens) < 100_000:  # bounded if nobody scrapes
-                self._iteration_tokens.extend(msg.stats.iteration_tokens)
+                self._iteration_tokens.extend(tokens for tokens, _, _ in msg.stats.step_samples)
             deltas, to_abort = self._processor.process(msg.outputs)
             if to_abort:
                 self._send(Abort(to_abort))

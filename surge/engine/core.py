@@ -101,13 +101,11 @@ class EngineCore:
         self._prompt_tokens = 0
         self._generation_tokens = 0
         self._num_steps = 0
-        self._iteration_tokens: list[int] = []
         # Per step since the last stats: (tokens, rows, seconds), for admission's step-cost model.
         self._step_samples: list[tuple[int, int, float]] = []
         self._step_tokens = 0
         self._prefill_tokens = 0
         self._step_time_s = 0.0
-        self._step_tokens_last = self._step_rows_last = 0
         self.wait_time_s = 0.0  # the process loop adds the time it blocks waiting for work
 
     def _check_batch_invariant(self, config: EngineConfig) -> SchedulerConfig:
@@ -214,21 +212,17 @@ class EngineCore:
         self._prompt_tokens = self._generation_tokens = self._num_steps = 0
         self._step_tokens = self._prefill_tokens = 0
         self._step_time_s = self.wait_time_s = 0.0
-        self._iteration_tokens, self._step_samples = [], []
+        self._step_samples = []
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[EngineCoreOutput]:
         started = time.perf_counter()
-        steps = self._num_steps
         try:
-            return self._step()
+            return self._step(started)
         finally:
-            elapsed = time.perf_counter() - started
-            self._step_time_s += elapsed
-            if self._num_steps > steps and len(self._step_samples) < 4096:
-                self._step_samples.append((self._step_tokens_last, self._step_rows_last, elapsed))
+            self._step_time_s += time.perf_counter() - started
 
-    def _step(self) -> list[EngineCoreOutput]:
+    def _step(self, started: float) -> list[EngineCoreOutput]:
         if self.loras is not None and self.loras.retiring:
             self.loras.reap(self._live_lora_slots())  # unloaded adapters whose requests ended
         now = time.monotonic()
@@ -238,8 +232,6 @@ class EngineCore:
         sampled = self.runner.run(batch)
         advanced = self.scheduler.update(batch, sampled)
         self._num_steps += 1
-        self._iteration_tokens.append(batch.num_tokens)
-        self._step_tokens_last, self._step_rows_last = batch.num_tokens, len(batch.requests)
         self._step_tokens += batch.num_tokens
         self._prefill_tokens += sum(len(s.token_ids) for s in batch.requests if not s.is_decode)
         outputs: list[EngineCoreOutput] = []
@@ -271,11 +263,13 @@ class EngineCore:
                     ),
                 )
             )
+        if len(self._step_samples) < 4096:  # bounded where nobody reads the stats (LLM)
+            elapsed = time.perf_counter() - started
+            self._step_samples.append((batch.num_tokens, len(batch.requests), elapsed))
         return outputs
 
     def stats(self) -> EngineStats:
         sched = self.scheduler
-        iteration_tokens, self._iteration_tokens = self._iteration_tokens, []
         step_samples, self._step_samples = self._step_samples, []
         lora_names = self.loras.names_by_slot() if self.loras is not None else {}
         return EngineStats(
@@ -291,7 +285,6 @@ class EngineCore:
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
             num_steps=self._num_steps,
-            iteration_tokens=iteration_tokens,
             step_samples=step_samples,
             tenant_tokens=dict(sched.tenant_tokens),
             lora_running=self._adapters_of(sched.running, lora_names),

@@ -54,7 +54,8 @@ class EngineStats:
     prompt_tokens: int = 0  # counters since start
     generation_tokens: int = 0
     num_steps: int = 0
-    iteration_tokens: list[int] = field(default_factory=list)  # tokens per step since last stats
+    # Tokens per step since the last scrape: the API process fills it from step_samples.
+    iteration_tokens: list[int] = field(default_factory=list)
     # (tokens, rows, seconds) per step since last stats: what a step of that shape costs.
     step_samples: list[tuple[int, int, float]] = field(default_factory=list)
     # Tokens scheduled per tenant since start (prefill + decode): the service each tenant got.

@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,8 +33,7 @@ from surge.autoscale.history import (
     load_history,
 )
 from tests.autoscale.processes import AutoscaleProcess
-from tests.observability.prom_process import PrometheusProcess
-from tests.observability.prometheus_bin import binary
+from tests.observability.prom_process import PrometheusProcess, prometheus_holding_counter
 from tests.servers import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -61,21 +59,13 @@ def received(t: float) -> float:
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusProcess]:
     """A Prometheus holding 3.5 h of the fleet's counter, scraped every 15 s until now."""
-    folder = tmp_path_factory.mktemp("history-prometheus")
     now = time.time()
     first = now - 3.5 * 3600
-    lines = ["# TYPE surge:requests_received counter"]
-    for t in np.arange(first, now, 15.0):
-        lines.append(f'surge:requests_received_total{{model_name="tiny"}} '
-                     f"{received(t) - received(first):.6f} {t:.3f}")  # fmt: skip
-    lines.append("# EOF")
-    (folder / "history.om").write_text("\n".join(lines) + "\n")
-    subprocess.run(
-        [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet",
-         str(folder / "history.om"), str(folder / "data")],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    prom = PrometheusProcess(binary("prometheus"), folder, {}, [])
+    prom = prometheus_holding_counter(
+        tmp_path_factory.mktemp("history-prometheus"),
+        'surge:requests_received_total{model_name="tiny"}',
+        ((t, received(t) - received(first)) for t in np.arange(first, now, 15.0)),
+    )
     yield prom
     prom.stop()
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
+from tests.observability.prometheus_bin import binary
 from tests.servers import free_port, stop_process
 
 
@@ -77,3 +79,23 @@ class PrometheusProcess:
     def stop(self) -> None:
         stop_process(self.proc, 20)
         self._log.close()
+
+
+def prometheus_holding_counter(
+    folder: Path, series: str, samples: Iterable[tuple[float, float]]
+) -> PrometheusProcess:
+    """A real Prometheus whose storage already holds a counter's past: `series` is
+    `name_total{labels}`, `samples` its (unix time, value) points, made into TSDB blocks by
+    `promtool tsdb create-blocks-from openmetrics` (history no scrape could give)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    name = series.split("{", 1)[0].removesuffix("_total")
+    lines = [f"# TYPE {name} counter"]
+    lines += [f"{series} {value:.6f} {t:.3f}" for t, value in samples]
+    lines.append("# EOF")
+    (folder / "history.om").write_text("\n".join(lines) + "\n")
+    subprocess.run(
+        [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", "--quiet",
+         str(folder / "history.om"), str(folder / "data")],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return PrometheusProcess(binary("prometheus"), folder, {}, [])
