@@ -151,10 +151,13 @@ class FusedQ4Decode:
         attn: AttnMetadata,
         row_slots: Tensor | None = None,
         invariant: bool = False,
+        num_decodes: int = -1,
     ) -> Tensor:
         """A step of at most `max_rows` rows, each a decode (a prefill chunk's tokens described
         as decodes) -> logits [num_sampled, vocab] float32. row_slots: each row's LoRA slot
-        (-1: none), after set_lora. invariant: on the batch-invariant stack, where built."""
+        (-1: none), after set_lora. invariant: on the batch-invariant stack, where built.
+        num_decodes: the rows before it are decodes, the rest prefill chunks' rows, which the
+        stack attends in tiles where it can (-1: every row attended alone)."""
         stack = self.invariant if invariant and self.invariant is not None else self.stack
         x = self.model.embed_tokens(ids)  # [rows, hidden]
         with torch.profiler.record_function("fused decode stack"):
@@ -165,6 +168,7 @@ class FusedQ4Decode:
                 attn.decode_block_tables,
                 attn.decode_seq_lens,
                 self._no_slots if row_slots is None else row_slots,
+                num_decodes,
             )  # [rows, hidden] float32, after the last layer
         h = self.model.norm(h[attn.logits_indices].to(self.dtype))
         return self.model.compute_logits(h)

@@ -5,6 +5,7 @@ LoRA rows where adapters were set on it. Not prompt scoring (it computes sampled
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from torch import Tensor
@@ -25,6 +26,9 @@ class FusedStackPath:
         # Every step on the batch-invariant twin (else only steps with a request that asks
         # for it, SamplingParams.batch_invariant).
         self.batch_invariant = batch_invariant
+        # Prefill rows attend in tiles where the stack can (kernels/prefill_attention.h);
+        # SURGE_TILED_PREFILL=0 attends every row alone, for A/B measurements.
+        self.tiled_prefill = os.environ.get("SURGE_TILED_PREFILL", "1") != "0"
 
     @staticmethod
     def build(
@@ -54,4 +58,8 @@ class FusedStackPath:
     def run(self, inputs: StepInputs) -> Tensor:
         slots = torch.tensor(inputs.row_slots) if inputs.row_slots is not None else None
         invariant = self.batch_invariant or any(r.batch_invariant for r in inputs.requests)
-        return self.fused(inputs.input_ids, inputs.positions, inputs.attn, slots, invariant)
+        # Decodes are laid out first, then the prefill chunks' rows.
+        decodes = sum(1 for r in inputs.requests if r.is_decode) if self.tiled_prefill else -1
+        return self.fused(
+            inputs.input_ids, inputs.positions, inputs.attn, slots, invariant, decodes
+        )

@@ -37,6 +37,7 @@
 #include "q4_gemv.h"
 #include "w8a8_gemm.h"
 #include "decode_attention.h"
+#include "prefill_attention.h"
 #include "lora_rows.h"
 #include "cpu_features.h"
 
@@ -272,10 +273,14 @@ class Q4DecodeStack {
 
   // x [M, hidden] (embedded tokens), positions / slot_mapping / seq_lens [M] int64,
   // block_tables [M, max_blocks] int64, row_slots [M] int64 (each row's LoRA slot, -1: none) or
-  // empty -> the residual stream after the last layer, float32.
+  // empty -> the residual stream after the last layer, float32. num_decodes: the rows before it
+  // are decodes, the rows from it prefill chunks' tokens (a request's rows consecutive, with
+  // one block table), which attend in tiles where the CPU and cache allow
+  // (prefill_attention.h); -1: every row is attended alone.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& positions,
                         const torch::Tensor& slot_mapping, const torch::Tensor& block_tables,
-                        const torch::Tensor& seq_lens, const torch::Tensor& row_slots) {
+                        const torch::Tensor& seq_lens, const torch::Tensor& row_slots,
+                        int64_t num_decodes) {
     const int64_t M = x.size(0);
     TORCH_CHECK(x.dim() == 2 && x.size(1) == hidden_, "q4_decode: x shape");
     TORCH_CHECK(M >= 1 && M <= max_rows(), "q4_decode: 1 to ", max_rows(), " rows");
@@ -304,6 +309,8 @@ class Q4DecodeStack {
       }
       max_len = std::max(max_len, lens[m]);
     }
+    TORCH_CHECK(num_decodes >= -1 && num_decodes <= M, "q4_decode: num_decodes");
+    plan_runs(num_decodes < 0 ? M : num_decodes, M, lens, tables, max_blocks, bs);
     const int64_t* lora = nullptr;
     if (row_slots.numel()) {
       TORCH_CHECK(row_slots.dim() == 1 && row_slots.size(0) == M &&
@@ -351,6 +358,15 @@ class Q4DecodeStack {
     return r;
   }
 
+  // Whether this build attends prefill rows in tiles (AVX-512 BF16, on a bf16 cache).
+  bool tiled_prefill() const {
+#ifdef SURGE_HAS_TILED_PREFILL
+    return cache_dtype_ == at::kBFloat16;
+#else
+    return false;
+#endif
+  }
+
   // The most rows a step may have: past q4_max_rows only with the int8 copies.
   int64_t max_rows() const { return has_int8_ ? kMaxStackRows : q4_max_rows_; }
 
@@ -373,6 +389,112 @@ class Q4DecodeStack {
     float* x;  // [M, hidden], the residual stream
     const int64_t* lora;  // each row's LoRA slot (-1: none), or null: no adapter in the step
   };
+
+  // A request's prefill rows in a step: rows [row0, row0 + rows), one block table (row0's),
+  // row r seeing its first lens[r] keys; groups of 16 keys packed at kv_off (K) and
+  // kv_off + groups * words (V) of each KV head's share of packed_.
+  struct Run {
+    int64_t row0, rows, groups, kv_off;
+  };
+  // A unit of the tiled attention: rows [r0, r1) of run `run` against KV head `kvh`.
+  struct Tile {
+    int64_t run, kvh, r0, r1;
+  };
+
+  template <typename T>
+  static constexpr bool tiled() {
+#ifdef SURGE_HAS_TILED_PREFILL
+    return std::is_same_v<T, at::BFloat16>;
+#else
+    return false;
+#endif
+  }
+
+  // The runs of rows [first, M) (consecutive rows with the same block table) and their tiles,
+  // the longest rows first (they cost most: the dynamic schedule then ends level).
+  void plan_runs(int64_t first, int64_t M, const int64_t* lens, const int64_t* tables,
+                 int64_t max_blocks, int64_t bs) {
+    runs_.clear();
+    tiles_.clear();
+    tiled_from_ = M;
+    if (!tiled_prefill() || first >= M) return;
+    tiled_from_ = first;
+#ifdef SURGE_HAS_TILED_PREFILL
+    const int64_t words = hd_ == 64 ? surge::prefill::kGroupWords<64> : surge::prefill::kGroupWords<128>;
+    int64_t off = 0;
+    for (int64_t m = first; m < M;) {
+      int64_t end = m + 1, len = lens[m];
+      while (end < M && std::equal(tables + end * max_blocks, tables + (end + 1) * max_blocks,
+                                   tables + m * max_blocks)) {
+        len = std::max(len, lens[end]);
+        ++end;
+      }
+      const int64_t groups = (len + surge::prefill::kKeys - 1) / surge::prefill::kKeys;
+      runs_.push_back(Run{m, end - m, groups, off});
+      off += 2 * groups * words;
+      m = end;
+    }
+    (void)bs;
+    packed_.resize(off * kv_heads_);
+    packed_head_stride_ = off;
+    // Rows per tile: about 24 query vectors (three batches of 8 scored at once).
+    const int64_t rows_per_tile = std::max<int64_t>(1, 24 / (heads_ / kv_heads_));
+    for (int64_t i = static_cast<int64_t>(runs_.size()) - 1; i >= 0; --i) {
+      const Run& r = runs_[i];
+      for (int64_t e = r.rows; e > 0; e -= rows_per_tile)
+        for (int64_t h = 0; h < kv_heads_; ++h)
+          tiles_.push_back(Tile{i, h, std::max<int64_t>(0, e - rows_per_tile), e});
+    }
+#endif
+  }
+
+#ifdef SURGE_HAS_TILED_PREFILL
+  // The prefill rows' attention for one layer: pack every run's keys and values per KV head,
+  // then the tiles, dynamically scheduled (each thread's share of the work, whatever its
+  // rows' lengths). Called by every thread of the region; ends at a barrier.
+  template <int HD>
+  void attend_runs(const Layer& L, const Step& s, int64_t q_size, float scale) {
+    using surge::prefill::kGroupWords;
+    const int64_t group = heads_ / kv_heads_;
+    const auto* kc = reinterpret_cast<const uint16_t*>(L.k_cache.data_ptr<at::BFloat16>());
+    const auto* vc = reinterpret_cast<const uint16_t*>(L.v_cache.data_ptr<at::BFloat16>());
+    const int64_t head_stride = L.k_cache.size(1) * s.bs * HD;
+    const int64_t units = static_cast<int64_t>(runs_.size()) * kv_heads_;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t u = 0; u < units; ++u) {
+      const Run& r = runs_[u / kv_heads_];
+      const int64_t h = u % kv_heads_;
+      const int64_t* table = s.tables + r.row0 * s.max_blocks;
+      int64_t len = 0;
+      for (int64_t i = 0; i < r.rows; ++i) len = std::max(len, s.lens[r.row0 + i]);
+      uint32_t* kp = packed_.data() + h * packed_head_stride_ + r.kv_off;
+      uint32_t* vp = kp + r.groups * kGroupWords<HD>;
+      for (int64_t g = 0; g < r.groups; ++g) {
+        const int64_t t0 = g * surge::prefill::kKeys;
+        surge::prefill::pack_group<HD>(kc + h * head_stride, vc + h * head_stride, table, s.bs,
+                                       t0, std::min(surge::prefill::kKeys, len - t0),
+                                       kp + g * kGroupWords<HD>, vp + g * kGroupWords<HD>);
+      }
+    }  // implicit barrier: every run packed before any tile reads it
+    thread_local surge::prefill::TileScratch scratch;
+    const int64_t n_tiles = static_cast<int64_t>(tiles_.size());
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_tiles; ++i) {
+      const Tile& t = tiles_[i];
+      const Run& r = runs_[t.run];
+      const uint32_t* kp = packed_.data() + t.kvh * packed_head_stride_ + r.kv_off;
+      const uint32_t* vp = kp + r.groups * kGroupWords<HD>;
+      const int64_t m0 = r.row0 + t.r0, h0 = t.kvh * group;
+      surge::prefill::attend_tile<HD>(qkv_.data() + m0 * qkv_n_ + h0 * HD, qkv_n_, s.lens + m0,
+                                      t.r1 - t.r0, group, kp, vp, scale, scratch,
+                                      attn_.data() + m0 * q_size + h0 * HD, q_size);
+    }
+  }
+#else
+  template <int HD>
+  void attend_runs(const Layer&, const Step&, int64_t, float) {}
+#endif
+
 
   // The channels [n0, n1) of a projection of N that thread tid projects on the 4-bit path
   // (whole tiles of 16; the last thread also takes the rows after the last tile): `project`'s
@@ -488,9 +610,12 @@ class Q4DecodeStack {
           // Units of work: with few rows one query head each (SmolLM2's 9 heads balance over
           // 2 threads where its 3 KV heads do not); with enough rows a KV head's whole group,
           // its K/V rows read once for all of the group's queries.
-          const int64_t per = M * kv_heads_ >= 4 * n ? group : 1;  // query heads per unit
+          // Rows from tiled_from_ on attend in tiles below (prefill chunks' rows, where the
+          // CPU and cache dtype have the tiled kernel).
+          const int64_t alone = tiled<T>() ? tiled_from_ : M;
+          const int64_t per = alone * kv_heads_ >= 4 * n ? group : 1;  // query heads per unit
           const int64_t units_per_row = heads_ / per;
-          const auto [b, e] = share(M * units_per_row, tid, n);
+          const auto [b, e] = share(alone * units_per_row, tid, n);
           const int64_t head_stride = L.k_cache.size(1) * s.bs * surge::kRowStride<T, HD>;
           for (int64_t u = b; u < e; ++u) {
             const int64_t m = u / units_per_row, h0 = (u % units_per_row) * per;
@@ -504,6 +629,7 @@ class Q4DecodeStack {
                                   attn_.data() + m * q_size + h * HD);
             }
           }
+          if (tiled<T>() && !runs_.empty()) attend_runs<HD>(L, s, q_size, scale);
         }
 #pragma omp barrier
         if (tid == 0) mark(kPhaseAttention, t);
@@ -551,6 +677,13 @@ class Q4DecodeStack {
   std::vector<Layer> layers_;
   torch::Tensor cos_, sin_;
   std::vector<float> norm_, qkv_, attn_, gu_, act_;  // step buffers, reused
+  // The step's prefill runs and tiles (plan_runs), the rows from tiled_from_ on in them, and
+  // their packed keys and values (each KV head's share packed_head_stride_ words).
+  std::vector<Run> runs_;
+  std::vector<Tile> tiles_;
+  int64_t tiled_from_ = 0;
+  std::vector<uint32_t> packed_;
+  int64_t packed_head_stride_ = 0;
   // The activations the next 4-bit / int8 projection reads, by input width (sized before the
   // parallel region, so that threads fill their rows of them at once).
   QuantizedX xq_hidden_, xq_attn_, xq_inter_;
@@ -569,7 +702,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
                           const torch::Tensor&, const torch::Tensor&, int64_t, int64_t, double,
                           int64_t>())
-      .def("forward", &Q4DecodeStack::forward)
+      .def("forward", &Q4DecodeStack::forward, pybind11::arg("x"), pybind11::arg("positions"),
+           pybind11::arg("slot_mapping"), pybind11::arg("block_tables"),
+           pybind11::arg("seq_lens"), pybind11::arg("row_slots"),
+           pybind11::arg("num_decodes") = -1)
+      .def_property_readonly("tiled_prefill", &Q4DecodeStack::tiled_prefill)
       .def("set_lora", &Q4DecodeStack::set_lora)
       .def_property_readonly("max_rows", &Q4DecodeStack::max_rows)
       .def("phase_seconds", &Q4DecodeStack::phase_seconds);

@@ -1,0 +1,210 @@
+// Prefill attention in tiles, for the fused stack's prefill-chunk rows on a bf16 KV cache with
+// AVX-512 BF16 (vdpbf16ps): one request's chunk rows attend its cached keys as a small GEMM
+// instead of one row at a time.
+//
+// Why: attending each chunk row alone (decode_attention.h's attend_chunk) costs ~13 vector ops
+// per (query, key) pair: two bf16 dot products per key and a 16-lane horizontal sum for the
+// scores, then each value row widened to float32 and four FMAs per query head. At a 1,024-token
+// prompt on SmolLM2 that was 390 of the step's ~700 ms. Here, per (request, KV head):
+//   1. pack (once per layer): the keys, 16 at a time, as [HD/2][16] 32-bit pairs of dimensions
+//      (a key per lane), and the values as [key pair][HD] 32-bit pairs of keys (a dimension per
+//      lane): the layouts vdpbf16ps multiplies against a broadcast query or probability pair.
+//   2. a tile of rows: scores of 8 query vectors at once against 16 keys, HD/2 vdpbf16ps each
+//      with the query pair broadcast (no horizontal sums); the softmax in float32; the
+//      probabilities rounded to bf16 (as flash attention does) and accumulated against the
+//      value pairs, HD/16 vdpbf16ps per query head and key pair.
+// About 5 ops per pair instead of 13.
+//
+// Numerics: queries are rounded to bf16 as the decode kernel rounds them; scores and the
+// softmax stay float32; the probabilities are rounded to bf16 for the value products, a change
+// from the row-at-a-time path measured in BENCHMARKS.md. A row's result depends only on its own
+// query, its length and the keys (16-key groups from key 0, key pairs from key 0), never on
+// which other rows share its tile or chunk, so chunking and batching leave it unchanged
+// (batch-invariant mode keeps its guarantee).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+#include "cpu_features.h"
+#include "decode_attention.h"
+
+#if defined(SURGE_HAS_AVX512_BF16)
+#define SURGE_HAS_TILED_PREFILL 1
+
+namespace surge::prefill {
+
+constexpr int64_t kKeys = 16;  // keys per packed group
+constexpr int64_t kQ = 8;      // query vectors scored at once (8 accumulators + 1 key register)
+
+// 32-bit words a packed group takes, keys and values alike: 16 keys x HD/2 pairs of dimensions,
+// or 8 key pairs x HD dimensions.
+template <int HD>
+constexpr int64_t kGroupWords = kKeys * HD / 2;
+
+// Keys and values t0 .. t0 + n - 1 (n <= 16) of one KV head, from the paged cache (rows of HD
+// bf16) into the packed layouts; keys and values past n are zero.
+template <int HD>
+inline void pack_group(const uint16_t* kh, const uint16_t* vh, const int64_t* table, int64_t bs,
+                       int64_t t0, int64_t n, uint32_t* kp, uint32_t* vp) {
+  const uint16_t* krows[kKeys];
+  const uint16_t* vrows[kKeys];
+  for (int64_t j = 0; j < kKeys; ++j) {
+    if (j < n) {
+      const int64_t t = t0 + j, row = (table[t / bs] * bs + t % bs) * HD;
+      krows[j] = kh + row;
+      vrows[j] = vh + row;
+    } else {
+      krows[j] = vrows[j] = nullptr;
+    }
+  }
+  for (int64_t j = 0; j < kKeys; ++j) {
+    if (krows[j] == nullptr) {
+      for (int64_t dp = 0; dp < HD / 2; ++dp) kp[dp * kKeys + j] = 0;
+      continue;
+    }
+    uint32_t words[HD / 2];
+    std::memcpy(words, krows[j], sizeof(words));
+    for (int64_t dp = 0; dp < HD / 2; ++dp) kp[dp * kKeys + j] = words[dp];
+  }
+  for (int64_t p = 0; p < kKeys / 2; ++p) {
+    const uint16_t* a = vrows[2 * p];
+    const uint16_t* b = vrows[2 * p + 1];
+    uint32_t* dst = vp + p * HD;
+    for (int64_t d = 0; d < HD; ++d) {
+      const uint32_t lo = a ? a[d] : 0, hi = b ? b[d] : 0;
+      dst[d] = lo | (hi << 16);  // the pair's first key in the low half, as vdpbf16ps pairs
+    }
+  }
+}
+
+// Per-thread buffers of a tile, grown as needed.
+struct TileScratch {
+  std::vector<uint16_t> q;     // [vectors][HD] bf16 bits, scaled
+  std::vector<float> scores;   // [vectors][padded]
+  std::vector<uint16_t> p;     // [vectors][padded] bf16 bits: exp(score - max), 0 past the row
+  std::vector<float> inv;      // [vectors] 1 / sum of exp
+};
+
+// G query heads (GC <= 4 registers' worth) of one row against its first `len` keys' values.
+template <int HD, int GC>
+inline void values_row(const uint16_t* p, int64_t padded, int64_t len, const uint32_t* vp,
+                       const float* inv, float* out) {
+  constexpr int V = HD / 16;
+  __m512 acc[GC][V];
+  for (int g = 0; g < GC; ++g)
+    for (int i = 0; i < V; ++i) acc[g][i] = _mm512_setzero_ps();
+  const int64_t pairs = (len + 1) / 2;
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    __m512i v[V];
+    for (int i = 0; i < V; ++i) v[i] = _mm512_loadu_si512(vp + kp * HD + i * 16);
+    for (int g = 0; g < GC; ++g) {
+      uint32_t pair;
+      std::memcpy(&pair, p + g * padded + 2 * kp, sizeof(pair));
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pair));
+      for (int i = 0; i < V; ++i) acc[g][i] = _mm512_dpbf16_ps(acc[g][i], a, (__m512bh)v[i]);
+    }
+  }
+  for (int g = 0; g < GC; ++g) {
+    const __m512 w = _mm512_set1_ps(inv[g]);
+    for (int i = 0; i < V; ++i) _mm512_storeu_ps(out + g * HD + i * 16, _mm512_mul_ps(acc[g][i], w));
+  }
+}
+
+// One tile: R rows of a request, row r with G query heads at q + r * q_stride (float32, head
+// after head) attending its first lens[r] keys; kp / vp: the request's packed groups for this
+// KV head (covering every row's keys); the output rows at out + r * out_stride.
+template <int HD>
+void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t R, int64_t G,
+                 const uint32_t* kp, const uint32_t* vp, float scale, TileScratch& s, float* out,
+                 int64_t out_stride) {
+  const int64_t nv = R * G, nv_pad = (nv + kQ - 1) / kQ * kQ;
+  int64_t max_len = 0;
+  for (int64_t r = 0; r < R; ++r) max_len = std::max(max_len, lens[r]);
+  const int64_t padded = (max_len + kKeys - 1) / kKeys * kKeys;
+  s.q.resize(nv_pad * HD);
+  s.scores.resize(nv_pad * padded);
+  s.p.resize(nv * padded);
+  s.inv.resize(nv);
+  // The queries scaled and rounded to bf16 (as the decode kernel rounds them); padding zero.
+  for (int64_t v = 0; v < nv_pad; ++v) {
+    uint16_t* dst = s.q.data() + v * HD;
+    if (v >= nv) {
+      std::memset(dst, 0, HD * sizeof(uint16_t));
+      continue;
+    }
+    const float* src = q + (v / G) * q_stride + (v % G) * HD;
+    for (int64_t i = 0; i < HD; i += 32) {
+      const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(src + i), _mm512_set1_ps(scale));
+      const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(src + i + 16), _mm512_set1_ps(scale));
+      _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+  }
+  // Scores, 8 query vectors against 16 keys at a time, up to the longest of the 8 rows' keys.
+  for (int64_t v0 = 0; v0 < nv_pad; v0 += kQ) {
+    int64_t len = 0;
+    for (int64_t v = v0; v < std::min(nv, v0 + kQ); ++v) len = std::max(len, lens[v / G]);
+    const uint32_t* qw = reinterpret_cast<const uint32_t*>(s.q.data() + v0 * HD);
+    for (int64_t t0 = 0; t0 < len; t0 += kKeys) {
+      const uint32_t* kg = kp + (t0 / kKeys) * kGroupWords<HD>;
+      __m512 acc[kQ];
+      for (int b = 0; b < kQ; ++b) acc[b] = _mm512_setzero_ps();
+      for (int64_t dp = 0; dp < HD / 2; ++dp) {
+        const __m512bh k = (__m512bh)_mm512_loadu_si512(kg + dp * kKeys);
+        for (int b = 0; b < kQ; ++b) {
+          const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(qw[b * HD / 2 + dp]));
+          acc[b] = _mm512_dpbf16_ps(acc[b], a, k);
+        }
+      }
+      for (int b = 0; b < kQ; ++b) _mm512_storeu_ps(s.scores.data() + (v0 + b) * padded + t0, acc[b]);
+    }
+  }
+  // Softmax per query vector over its row's keys: float32, exp16 as the decode kernel's; the
+  // weights rounded to bf16 for the value products, zero past the row's keys.
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t v = 0; v < nv; ++v) {
+    const int64_t len = lens[v / G];
+    const float* sc = s.scores.data() + v * padded;
+    uint16_t* pv = s.p.data() + v * padded;
+    __m512 mx = neg_inf;
+    for (int64_t t0 = 0; t0 < len; t0 += kKeys) {
+      const int64_t n = std::min<int64_t>(kKeys, len - t0);
+      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
+      mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, m, sc + t0));
+    }
+    const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t0 = 0; t0 < padded; t0 += kKeys) {
+      const int64_t n = std::clamp<int64_t>(len - t0, 0, kKeys);
+      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
+      const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + t0), mv)));
+      sum = _mm512_add_ps(sum, e);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pv + t0), (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    s.inv[v] = 1.f / _mm512_reduce_add_ps(sum);
+  }
+  // Values: one row's heads at a time (their accumulators in registers), each key pair's
+  // values loaded once for all of them.
+  constexpr int64_t kGC = HD == 64 ? 4 : 2;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t g0 = 0; g0 < G; g0 += kGC) {
+      const int64_t v = r * G + g0, gc = std::min(kGC, G - g0);
+      const uint16_t* p = s.p.data() + v * padded;
+      float* o = out + r * out_stride + g0 * HD;
+      switch (gc) {
+        case 1: values_row<HD, 1>(p, padded, lens[r], vp, s.inv.data() + v, o); break;
+        case 2: values_row<HD, 2>(p, padded, lens[r], vp, s.inv.data() + v, o); break;
+        case 3:
+          if constexpr (kGC >= 3) values_row<HD, 3>(p, padded, lens[r], vp, s.inv.data() + v, o);
+          break;
+        case 4:
+          if constexpr (kGC >= 4) values_row<HD, 4>(p, padded, lens[r], vp, s.inv.data() + v, o);
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace surge::prefill
+#endif  // SURGE_HAS_AVX512_BF16
