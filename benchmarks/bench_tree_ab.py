@@ -95,7 +95,7 @@ def main() -> None:
         tok_s = args.requests * 1000 / statistics.median(ms)
         print(f"  {name:8s} {trees[name]}: " + " ".join(f"{x:.2f}" for x in ms)
               + f"  -> median {statistics.median(ms):.2f} ms, {tok_s:.1f} tok/s")
-    wins = sum(a < b for a, b in zip(rounds["this"], rounds["against"]))
+    wins = sum(a < b for a, b in zip(rounds["this"], rounds["against"], strict=True))
     ratio = statistics.median(rounds["against"]) / statistics.median(rounds["this"])
     print(f"this tree faster in {wins}/{args.rounds} rounds; step-time ratio against/this "
           f"{ratio:.3f}")
