@@ -54,7 +54,11 @@ def start(tree: Path, args: argparse.Namespace) -> subprocess.Popen:
     spec = {k: getattr(args, k) for k in ("model", "quantization", "requests", "context")}
     proc = subprocess.Popen(
         [sys.executable, "-c", WORKER, json.dumps(spec)],
-        cwd=tree, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=tree,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     if json.loads(proc.stdout.readline()).get("ready") is not True:
         raise SystemExit(f"worker for {tree} did not start")
@@ -93,12 +97,16 @@ def main() -> None:
     print(f"{args.requests} requests, {args.quantization}, median ms a step per round:")
     for name, ms in rounds.items():
         tok_s = args.requests * 1000 / statistics.median(ms)
-        print(f"  {name:8s} {trees[name]}: " + " ".join(f"{x:.2f}" for x in ms)
-              + f"  -> median {statistics.median(ms):.2f} ms, {tok_s:.1f} tok/s")
+        print(
+            f"  {name:8s} {trees[name]}: "
+            + " ".join(f"{x:.2f}" for x in ms)
+            + f"  -> median {statistics.median(ms):.2f} ms, {tok_s:.1f} tok/s"
+        )
     wins = sum(a < b for a, b in zip(rounds["this"], rounds["against"], strict=True))
     ratio = statistics.median(rounds["against"]) / statistics.median(rounds["this"])
-    print(f"this tree faster in {wins}/{args.rounds} rounds; step-time ratio against/this "
-          f"{ratio:.3f}")
+    print(
+        f"this tree faster in {wins}/{args.rounds} rounds; step-time ratio against/this {ratio:.3f}"
+    )
 
 
 if __name__ == "__main__":
