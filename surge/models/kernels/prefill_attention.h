@@ -43,6 +43,33 @@ constexpr int64_t kQ = 8;      // query vectors scored at once (8 accumulators +
 template <int HD>
 constexpr int64_t kGroupWords = kKeys * HD / 2;
 
+// A 16 x 16 transpose of 32-bit words: r[i] lane j -> r[j] lane i.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // Each 128-bit quarter of r[i] now holds a 4 x 4 block; move the blocks into place.
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      const int a = i + 8 * j, b = i + 4 + 8 * j;  // rows 4 apart
+      t[a] = _mm512_shuffle_i32x4(r[a], r[b], 0x88);  // quarters 0, 2 of each
+      t[b] = _mm512_shuffle_i32x4(r[a], r[b], 0xdd);  // quarters 1, 3 of each
+    }
+  }
+  for (int a = 0; a < 8; ++a) {  // with the row 8 apart
+    r[a] = _mm512_shuffle_i32x4(t[a], t[a + 8], 0x88);
+    r[a + 8] = _mm512_shuffle_i32x4(t[a], t[a + 8], 0xdd);
+  }
+}
+
 // Keys and values t0 .. t0 + n - 1 (n <= 16) of one KV head, from the paged cache (rows of HD
 // bf16) into the packed layouts; keys and values past n are zero.
 template <int HD>
@@ -59,22 +86,25 @@ inline void pack_group(const uint16_t* kh, const uint16_t* vh, const int64_t* ta
       krows[j] = vrows[j] = nullptr;
     }
   }
-  for (int64_t j = 0; j < kKeys; ++j) {
-    if (krows[j] == nullptr) {
-      for (int64_t dp = 0; dp < HD / 2; ++dp) kp[dp * kKeys + j] = 0;
-      continue;
-    }
-    uint32_t words[HD / 2];
-    std::memcpy(words, krows[j], sizeof(words));
-    for (int64_t dp = 0; dp < HD / 2; ++dp) kp[dp * kKeys + j] = words[dp];
+  // Keys: 16 words (32 dimensions) of each of the 16 rows, transposed to a key per lane.
+  for (int64_t w0 = 0; w0 < HD / 2; w0 += 16) {
+    __m512i r[16];
+    for (int j = 0; j < 16; ++j)
+      r[j] = krows[j] ? _mm512_loadu_si512(krows[j] + 2 * w0) : _mm512_setzero_si512();
+    transpose16(r);
+    for (int i = 0; i < 16; ++i) _mm512_storeu_si512(kp + (w0 + i) * kKeys, r[i]);
   }
+  // Values: each pair of keys' dimensions side by side, the first key in the low half (as
+  // vdpbf16ps pairs them with a probability pair).
   for (int64_t p = 0; p < kKeys / 2; ++p) {
     const uint16_t* a = vrows[2 * p];
     const uint16_t* b = vrows[2 * p + 1];
-    uint32_t* dst = vp + p * HD;
-    for (int64_t d = 0; d < HD; ++d) {
-      const uint32_t lo = a ? a[d] : 0, hi = b ? b[d] : 0;
-      dst[d] = lo | (hi << 16);  // the pair's first key in the low half, as vdpbf16ps pairs
+    for (int64_t d = 0; d < HD; d += 16) {
+      const __m512i lo = a ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + d)))
+                           : _mm512_setzero_si512();
+      const __m512i hi = b ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + d)))
+                           : _mm512_setzero_si512();
+      _mm512_storeu_si512(vp + p * HD + d, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
     }
   }
 }
