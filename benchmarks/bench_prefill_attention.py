@@ -9,9 +9,9 @@ Speed: each round prefills a fresh prompt of each length (no prefix-cache hit; t
 default 512-token steps) once with tiles and once a row at a time (the order flipped each
 round), and reports the median prefill time and the stack's attention phase per prompt.
 Accuracy: `--prompts` prompts of `--prompt-len` tokens (Pride and Prejudice, chapter 1,
-repeated, at different offsets) answered greedily for `--tokens` tokens by the default q4 engine with tiles,
-without, and by float32 weights (no quantization, the reference): identical answers, the mean
-length of the common prefix, and tiles against rows.
+repeated, at different offsets) answered greedily for `--tokens` tokens by the default q4
+engine with tiles, without, and by float32 weights (no quantization, the reference):
+identical answers, the mean length of the common prefix, and tiles against rows.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from pathlib import Path
 
 from surge import LLM, SamplingParams
 from surge.engine.outputs import EngineCoreRequest
+from surge.engine.step_paths import FusedStackPath
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 
 
-def fused_path(llm: LLM):  # noqa: ANN201 (the engine's FusedStackPath)
-    path = next((p for p in llm.engine.runner.paths if p.name == "fused_stack"), None)
+def fused_path(llm: LLM) -> FusedStackPath:
+    path = next((p for p in llm.engine.runner.paths if isinstance(p, FusedStackPath)), None)
     if path is None or not path.fused.stack.tiled_prefill:
         raise SystemExit("no tiled prefill here: needs the fused stack, AVX-512 BF16, bf16 cache")
     return path
@@ -84,8 +85,8 @@ def accuracy(args: argparse.Namespace) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     answers: dict[str, list[list[int]]] = {}
     for name in ("float32", "tiles", "rows"):
-        llm = LLM("smollm2-135m", max_num_seqs=args.prompts,
-                  **({"quantization": "none", "dtype": "float32"} if name == "float32" else {}))  # fmt: skip
+        reference = {"quantization": "none", "dtype": "float32"} if name == "float32" else {}
+        llm = LLM("smollm2-135m", max_num_seqs=args.prompts, **reference)
         chapter = llm.tokenizer.encode(text)  # 572 tokens, repeated to the prompts' length
         ids = chapter * (2 + (97 * args.prompts + args.prompt_len) // len(chapter))
         prompts = [ids[i * 97 : i * 97 + args.prompt_len] for i in range(args.prompts)]
@@ -96,7 +97,7 @@ def accuracy(args: argparse.Namespace) -> None:
 
     def compare(a: list[list[int]], b: list[list[int]]) -> str:
         same = sum(x == y for x, y in zip(a, b, strict=True))
-        prefix = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(x))
+        prefix = [next((i for i, (p, q) in enumerate(zip(x, y, strict=True)) if p != q), len(x))
                   for x, y in zip(a, b, strict=True)]  # fmt: skip
         return f"{same}/{len(a)} identical, common prefix {statistics.mean(prefix):.1f} tokens"
 
