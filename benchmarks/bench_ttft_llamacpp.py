@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_cached_ttft import WORDS  # noqa: E402
+
 from tests.servers import free_port  # noqa: E402
 
 
