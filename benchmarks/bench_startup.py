@@ -2,10 +2,14 @@
 more source trees, rounds alternating between them (the machine drifts between runs).
 
     python benchmarks/bench_startup.py [--tree /path/to/other/checkout ...] [--rounds 3]
-        [-- extra serve flags]
+        [--variant "serve flags" ...] [--first-request] [-- extra serve flags]
 
 Each tree runs with this interpreter and its own `surge` package (the tree is the working
-directory of `python -m surge.cli`); the default is this checkout alone.
+directory of `python -m surge.cli`); the default is this checkout alone. `--variant` adds a
+set of serve flags to compare (e.g. "--calibration measure" against "--calibration cached"):
+every tree runs with each variant, alternating. `--first-request` also times the first
+request after healthy (a streamed chat completion of a ~500-token prompt, to its first token):
+what a start leaves for the first user to pay.
 """
 
 from __future__ import annotations
@@ -23,8 +27,29 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.servers import free_port
 
+PROMPT = "Serving many users at once means batching their requests together. " * 40
 
-def time_to_healthy(tree: Path, extra: list[str], timeout_s: float = 300) -> float:
+
+def first_token_s(port: int) -> float:
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2, "stream": True}
+    t0 = time.perf_counter()
+    with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+                      timeout=120) as r:  # fmt: skip
+        r.raise_for_status()
+        chunks = 0
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                chunks += 1
+                if chunks == 2:  # the first after the role chunk
+                    return time.perf_counter() - t0
+    raise SystemExit("no token in the first answer")
+
+
+def time_to_healthy(
+    tree: Path, extra: list[str], timeout_s: float = 300, first: list[float] | None = None
+) -> float:
+    """Seconds from process start to a healthy /health; with `first`, also the first
+    request's time to its first token, appended to it."""
     port = free_port()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
@@ -35,7 +60,10 @@ def time_to_healthy(tree: Path, extra: list[str], timeout_s: float = 300) -> flo
         while time.perf_counter() - t0 < timeout_s:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    return time.perf_counter() - t0
+                    ready = time.perf_counter() - t0
+                    if first is not None:
+                        first.append(first_token_s(port))
+                    return ready
             except httpx.TransportError:
                 pass
             if proc.poll() is not None:
@@ -51,16 +79,30 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tree", action="append", type=Path, default=[])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variant", action="append", default=[], help="serve flags to compare")
+    ap.add_argument("--first-request", action="store_true")
     ap.add_argument("extra", nargs="*", help="surge serve flags, after --")
     args = ap.parse_args()
     trees = [Path(__file__).resolve().parent.parent, *args.tree]
-    times: dict[Path, list[float]] = {t: [] for t in trees}
+    runs = [(t, v) for t in trees for v in (args.variant or [""])]
+    times: dict[tuple[Path, str], list[float]] = {r: [] for r in runs}
+    firsts: dict[tuple[Path, str], list[float]] = {r: [] for r in runs}
     for rnd in range(args.rounds):
-        for tree in trees if rnd % 2 == 0 else trees[::-1]:
-            times[tree].append(time_to_healthy(tree, args.extra))
-    for tree, ts in times.items():
-        runs = ", ".join(f"{t:.2f}" for t in ts)
-        print(f"{tree}: ready in {statistics.median(ts):.2f} s (median; runs {runs})")
+        for tree, variant in runs if rnd % 2 == 0 else runs[::-1]:
+            flags = [*args.extra, *variant.split()]
+            first = firsts[(tree, variant)] if args.first_request else None
+            times[(tree, variant)].append(time_to_healthy(tree, flags, first=first))
+    for (tree, variant), ts in times.items():
+        line = ", ".join(f"{t:.2f}" for t in ts)
+        name = f"{tree} {variant}".strip()
+        print(f"{name}: ready in {statistics.median(ts):.2f} s (median; runs {line})")
+        if args.first_request:
+            fs = firsts[(tree, variant)]
+            print(
+                f"  first request's first token: {statistics.median(fs) * 1e3:.0f} ms (median; "
+                + ", ".join(f"{f * 1e3:.0f}" for f in fs)
+                + ")"
+            )
 
 
 if __name__ == "__main__":

@@ -162,6 +162,12 @@ class SchedulerConfig:
     tenant_weights: tuple[tuple[str, float], ...] = field(default=(), metadata=flag(
         "fair-share weight of a tenant (repeatable; others weigh 1)", name="tenant-weight",
         repeat=True, metavar="TENANT=WEIGHT", to_field=each(parse_tenant_weight)))  # fmt: skip
+    # Start-up step costs for admission's wait estimate (engine/calibrate.py): cached | measure
+    # | off.
+    calibration: str = field(default="cached", metadata=flag(
+        "start-up step costs for the wait estimate: cached (reuse the last measurement for this "
+        "model, configuration and machine, else measure, ~3 s on SmolLM2), measure (always), "
+        "off (learn from the first steps only)", choices=("cached", "measure", "off")))  # fmt: skip
     default_tenant_weight: float = 1.0
     prompt_token_cost: float = 1.0  # VTC's w_p, w_q: a decoded token costs more than a prompt one
     output_token_cost: float = 2.0
@@ -176,6 +182,10 @@ class SchedulerConfig:
         if self.policy not in SCHEDULING_POLICIES:
             raise ValueError(
                 f"policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.policy!r}"
+            )
+        if self.calibration not in ("cached", "measure", "off"):
+            raise ValueError(
+                f"calibration must be cached, measure or off, got {self.calibration!r}"
             )
         if self.priority_aging_s is not None and self.priority_aging_s <= 0:
             raise ValueError(f"priority_aging_s must be > 0 or None, got {self.priority_aging_s}")

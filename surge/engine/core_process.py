@@ -13,7 +13,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from surge.engine.calibrate import calibrate
+from surge.engine.calibrate import startup_samples
 from surge.engine.config import EngineConfig
 from surge.engine.core import EngineCore
 from surge.engine.protocol import (
@@ -47,7 +47,8 @@ def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection)
             with contextlib.suppress(OSError, BrokenPipeError):
                 outbox.send(Fatal(str(e)))
             raise SystemExit(1) from None
-        step_samples = calibrate(engine)  # before Ready: admission needs it for a first burst
+        # Before Ready: admission needs the step costs for a first burst.
+        step_samples = startup_samples(engine, config.scheduler.calibration)
         outbox.send(
             Ready(
                 model_path=str(engine.files.path),

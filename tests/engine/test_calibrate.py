@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
+
 from surge import SamplingParams
-from surge.engine.calibrate import MAX_ROWS, calibrate
+from surge.engine import calibration_cache
+from surge.engine.calibrate import MAX_ROWS, calibrate, startup_samples
 from surge.engine.llm import LLM
 from surge.engine.step_cost import StepCostModel
 
@@ -33,3 +37,44 @@ def test_calibration_measures_a_full_prefill_chunk_and_decode_rows_then_forgets_
     # The engine serves as before, token for token.
     after = llm.generate(["a b c d"], SamplingParams(max_tokens=6, temperature=0.0))
     assert after[0].outputs[0].token_ids == before[0].outputs[0].token_ids
+
+
+def test_a_stored_measurement_is_reused_on_the_same_model_configuration_and_machine(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cached: the first start measures and stores; the next start with the same model and
+    configuration reuses the stored samples (the seconds of a new measurement would differ)
+    and only warms up, leaving nothing behind; measure refreshes the store; another
+    configuration has its own; off measures nothing."""
+    monkeypatch.setenv("SURGE_CALIBRATION_DIR", str(tmp_path / "calibration"))
+    llm = LLM(str(tiny_model_dir), dtype="float32", max_num_batched_tokens=64, max_num_seqs=8)
+    engine = llm.engine
+    first = startup_samples(engine, "cached")
+    assert first and len(list((tmp_path / "calibration").glob("*.json"))) == 1
+    again = startup_samples(engine, "cached")
+    assert again == first  # the stored floats, not a new measurement
+    stats = engine.stats()
+    assert not engine.has_work() and stats.num_steps == 0 and stats.prompt_tokens == 0
+    measured = startup_samples(engine, "measure")
+    assert measured != first and startup_samples(engine, "cached") == measured
+    other = LLM(str(tiny_model_dir), dtype="float32", max_num_batched_tokens=64, max_num_seqs=4)
+    assert calibration_cache.cache_key(other.engine) != calibration_cache.cache_key(engine)
+    assert startup_samples(other.engine, "cached") != measured
+    assert len(list((tmp_path / "calibration").glob("*.json"))) == 2
+    assert startup_samples(engine, "off") == ()
+    with pytest.raises(ValueError, match="calibration mode"):
+        startup_samples(engine, "sometimes")
+
+
+def test_an_unwritable_store_only_means_measuring_each_time(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("SURGE_CALIBRATION_DIR", str(blocker / "calibration"))
+    llm = LLM(str(tiny_model_dir), dtype="float32", max_num_batched_tokens=64, max_num_seqs=8)
+    with caplog.at_level(logging.WARNING):
+        first = startup_samples(llm.engine, "cached")
+    assert first and "not kept for the next start" in caplog.text
+    assert startup_samples(llm.engine, "cached") != first  # measured again
