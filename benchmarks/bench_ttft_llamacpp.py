@@ -35,7 +35,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_cached_ttft import WORDS  # noqa: E402
+from bench_cached_ttft import WORDS, text_of  # noqa: E402
 
 from tests.servers import free_port  # noqa: E402
 
@@ -94,20 +94,6 @@ def ttft(client: httpx.Client, url: str, content: str) -> float:
     if first is None:
         raise SystemExit(f"no token in an answer from {url} to {len(content)} characters")
     return first
-
-
-def text_of(length: int, url: str, client: httpx.Client, rng: random.Random) -> str:
-    """Random words whose chat rendering is about `length` tokens (Surge's /tokenize)."""
-    words = [rng.choice(WORDS) for _ in range(length)]
-    n = len(words)
-    for _ in range(4):
-        body = {"messages": [{"role": "user", "content": " ".join(words[:n])}]}
-        count = client.post(url + "/tokenize", json=body).json()["count"]
-        if count == length:
-            break
-        n = max(1, n + length - count)
-        words += [rng.choice(WORDS) for _ in range(max(0, n - len(words)))]
-    return " ".join(words[:n])
 
 
 def at_once(url: str, prompts: list[str]) -> list[float]:
@@ -186,7 +172,7 @@ def main() -> None:
                     for c in levels:
                         for name, url in order:
                             tag = f"{rnd} {name} {length} {c}"
-                            bases = [f"{tag} {i} " + text_of(length, surge.url, client, rng)
+                            bases = [f"{tag} {i} " + text_of(length, surge, client, rng)
                                      for i in range(c)]  # fmt: skip
                             tail = " " + " ".join(rng.choice(WORDS) for _ in range(args.new_words))
                             times.setdefault((name, length, c, "uncached"), []).extend(

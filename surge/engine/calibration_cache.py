@@ -40,16 +40,6 @@ def cache_dir() -> Path:
     return Path(base) if base else Path.home() / ".cache" / "surge" / "calibration"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _source_digest() -> str:
     """The engine's and models' code (Python and kernels): an edit changes step costs."""
     root = Path(__file__).resolve().parents[1]
@@ -64,7 +54,7 @@ def _source_digest() -> str:
 
 def cache_key(engine: EngineCore) -> str:
     """What a step's cost depends on, hashed."""
-    from surge.models.device import cpu_flags
+    from surge.models.device import cpu_flags, cpu_name
     from surge.models.kernels import kernel_tier
 
     path = Path(engine.files.path)
@@ -86,7 +76,7 @@ def cache_key(engine: EngineCore) -> str:
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
         "kv": [engine.plan.num_blocks, engine.plan.block_size],
-        "cpu": [platform.machine(), _cpu_model(), sorted(cpu_flags()), os.cpu_count()],
+        "cpu": [platform.machine(), cpu_name(), sorted(cpu_flags()), os.cpu_count()],
         "threads": torch.get_num_threads(),
         "kernel_tier": kernel_tier(),
     }

@@ -58,7 +58,8 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), or "CPU"."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -111,7 +112,7 @@ def device_caps(device: torch.device, flags: set[str] | None = None) -> DeviceCa
     native.append("float32")
     return DeviceCaps(
         device,
-        f"{_cpu_name()}, {torch.get_num_threads()} threads",
+        f"{cpu_name()}, {torch.get_num_threads()} threads",
         features,
         tuple(native),
         int8=bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"}),
