@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.servers import free_port
+from tests.servers import free_port, stop_process, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,18 +141,10 @@ class Server:
             [sys.executable, "-m", "surge.cli", "serve", "--port", str(self.port), *extra],
             cwd=tree, stdout=self.log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{tree}: surge serve exited; log {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise SystemExit(f"{tree}: not healthy within {timeout_s} s; log {self.log.name}")
+        why = wait_healthy(self.proc, self.url, timeout_s)
+        if why is not None:
+            self.stop()
+            raise SystemExit(f"{tree}: surge serve {why}; log {self.log.name}")
 
     def ttft(self, client: httpx.Client, content: str) -> float:
         """Seconds from sending a streamed chat request to its first token's chunk."""
@@ -177,12 +169,7 @@ class Server:
         return first
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 60)
 
 
 def _env() -> dict[str, str]:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_cached_ttft import WORDS, text_of  # noqa: E402
 
-from tests.servers import free_port  # noqa: E402
+from tests.servers import free_port, stop_process, wait_healthy  # noqa: E402
 
 
 class Proc:
@@ -49,26 +49,13 @@ class Proc:
             prefix=f"ttft-{name}-", suffix=".log", delete=False
         )
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{name} exited; log {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise SystemExit(f"{name} not healthy in {timeout_s} s; log {self.log.name}")
+        why = wait_healthy(self.proc, self.url, timeout_s)
+        if why is not None:
+            self.stop()
+            raise SystemExit(f"{name} {why}; log {self.log.name}")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, 60)
 
 
 def ttft(client: httpx.Client, url: str, content: str) -> float:

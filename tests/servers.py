@@ -49,6 +49,22 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
     return proc.returncode
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> str | None:
+    """Poll `url`/health until it answers 200: None, or why not ("exited early", or not ready
+    in time; the process is left running for the caller to stop)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"exited early (code {proc.returncode})"
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return None
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    return f"not ready in {timeout_s}s"
+
+
 class ServerProcess:
     def __init__(
         self,
@@ -73,21 +89,16 @@ class ServerProcess:
         self._wait_ready(startup_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise RuntimeError(f"server not ready in {timeout_s}s:\n{self.log()}")
+        why = wait_healthy(self.proc, self.url, timeout_s)
+        if why is None:
+            return
+        if self.proc.poll() is None:
+            self.stop()
+        raise RuntimeError(f"server {why}:\n{self.log()}")
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # stop() closes it; a failed start reads it after
+            self._log.flush()
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def engine_pid(self) -> int:

@@ -21,6 +21,7 @@ import random
 import time
 
 from surge.engine import calibration_cache
+from surge.engine.config import CALIBRATION_MODES
 from surge.engine.core import EngineCore
 from surge.engine.outputs import EngineCoreRequest
 from surge.engine.step_cost import StepSample
@@ -31,16 +32,13 @@ log = logging.getLogger(__name__)
 MAX_ROWS = 256  # decode rows measured (a default full batch); beyond, the model extrapolates
 
 
-MODES = ("cached", "measure", "off")
-
-
 def startup_samples(engine: EngineCore, mode: str = "cached") -> tuple[StepSample, ...]:
     """The start-up step costs for the Ready message. cached: a stored measurement for this
     model, configuration and machine if there is one (the engine then only warms up), else
     measure and store; measure: always measure (and store); off: none (admission's estimate
     then learns from the first steps alone)."""
-    if mode not in MODES:
-        raise ValueError(f"calibration mode {mode!r}: one of {', '.join(MODES)}")
+    if mode not in CALIBRATION_MODES:
+        raise ValueError(f"calibration mode {mode!r}: one of {', '.join(CALIBRATION_MODES)}")
     if mode == "off":
         return ()
     key = calibration_cache.cache_key(engine)
@@ -62,15 +60,19 @@ def warm_up(engine: EngineCore) -> None:
     """One prefill chunk of the whole token budget and a decode step: the one-time costs
     (buffers sized, pages touched, lazy kernel set-up) paid before the first request; then
     forgotten as the calibration is."""
-    sched = engine.scheduler.config
-    free_tokens = engine.blocks.num_free_blocks * engine.plan.block_size
-    n = max(1, min(sched.max_num_batched_tokens, engine.max_model_len - 2, free_tokens // 2))
-    ids = _ids(random.Random(1), engine.files.spec.vocab_size, n)
+    ids = _ids(random.Random(1), engine.files.spec.vocab_size, _chunk_len(engine))
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     engine.add_request(EngineCoreRequest("warm-up", ids, params))
     while engine.has_work():
         engine.step()
     engine.reset_after_calibration()
+
+
+def _chunk_len(engine: EngineCore) -> int:
+    """A prefill chunk of the whole step budget, as the model and the free KV pool allow."""
+    free_tokens = engine.blocks.num_free_blocks * engine.plan.block_size
+    budget = engine.scheduler.config.max_num_batched_tokens
+    return max(1, min(budget, engine.max_model_len - 2, free_tokens // 2))
 
 
 def calibrate(engine: EngineCore) -> tuple[StepSample, ...]:
@@ -80,7 +82,7 @@ def calibrate(engine: EngineCore) -> tuple[StepSample, ...]:
     free_tokens = engine.blocks.num_free_blocks * block
     vocab = engine.files.spec.vocab_size
     rng = random.Random(0)
-    long_len = max(1, min(sched.max_num_batched_tokens, engine.max_model_len - 2, free_tokens // 2))
+    long_len = _chunk_len(engine)
     short_len = min(2, long_len)  # the batch's prompts in as few prefill steps as can be
     rows = max(1, min(sched.max_num_seqs, MAX_ROWS, free_tokens // (2 * (short_len + 4) + block)))
     samples: list[StepSample] = []

@@ -139,6 +139,10 @@ class CacheConfig:
 SCHEDULING_POLICIES = ("fcfs", "priority", "fair", "priority-fair")
 
 
+# How the engine gets its start-up step costs (engine/calibrate.py startup_samples).
+CALIBRATION_MODES = ("cached", "measure", "off")
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     max_num_seqs: int = field(default=256, metadata=flag())  # cap on running requests
@@ -167,7 +171,7 @@ class SchedulerConfig:
     calibration: str = field(default="cached", metadata=flag(
         "start-up step costs for the wait estimate: cached (reuse the last measurement for this "
         "model, configuration and machine, else measure, ~3 s on SmolLM2), measure (always), "
-        "off (learn from the first steps only)", choices=("cached", "measure", "off")))  # fmt: skip
+        "off (learn from the first steps only)", choices=CALIBRATION_MODES))  # fmt: skip
     default_tenant_weight: float = 1.0
     prompt_token_cost: float = 1.0  # VTC's w_p, w_q: a decoded token costs more than a prompt one
     output_token_cost: float = 2.0
@@ -183,9 +187,10 @@ class SchedulerConfig:
             raise ValueError(
                 f"policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.policy!r}"
             )
-        if self.calibration not in ("cached", "measure", "off"):
+        if self.calibration not in CALIBRATION_MODES:
             raise ValueError(
-                f"calibration must be cached, measure or off, got {self.calibration!r}"
+                f"calibration must be one of {', '.join(CALIBRATION_MODES)}, "
+                f"got {self.calibration!r}"
             )
         if self.priority_aging_s is not None and self.priority_aging_s <= 0:
             raise ValueError(f"priority_aging_s must be > 0 or None, got {self.priority_aging_s}")

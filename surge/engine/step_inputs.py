@@ -45,6 +45,7 @@ class StepInputs:
     scored: list[ScheduledRequest]  # the request of each prompt-scoring row (layout.score)
     row_slots: list[int] | None  # each row's LoRA slot (layout.lora_slots), padding excluded
     requests: tuple[ScheduledRequest, ...]  # the step's requests, as scheduled
+    num_decodes: int  # rows [0, num_decodes) are decodes, one per request; then prefill rows
 
 
 class StepInputBuilder:
@@ -161,7 +162,9 @@ class StepInputBuilder:
         )
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         pos_t = torch.tensor(positions, dtype=torch.long, device=dev)
-        return StepInputs(ids, pos_t, attn, sample_reqs, scored, row_slots, batch.requests)
+        return StepInputs(
+            ids, pos_t, attn, sample_reqs, scored, row_slots, batch.requests, len(decodes)
+        )
 
     def _pad(
         self,

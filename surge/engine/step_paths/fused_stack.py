@@ -58,8 +58,7 @@ class FusedStackPath:
     def run(self, inputs: StepInputs) -> Tensor:
         slots = torch.tensor(inputs.row_slots) if inputs.row_slots is not None else None
         invariant = self.batch_invariant or any(r.batch_invariant for r in inputs.requests)
-        # Decodes are laid out first, then the prefill chunks' rows.
-        decodes = sum(1 for r in inputs.requests if r.is_decode) if self.tiled_prefill else -1
+        decodes = inputs.num_decodes if self.tiled_prefill else -1
         return self.fused(
             inputs.input_ids, inputs.positions, inputs.attn, slots, invariant, decodes
         )

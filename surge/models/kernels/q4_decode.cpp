@@ -310,7 +310,7 @@ class Q4DecodeStack {
       max_len = std::max(max_len, lens[m]);
     }
     TORCH_CHECK(num_decodes >= -1 && num_decodes <= M, "q4_decode: num_decodes");
-    plan_runs(num_decodes < 0 ? M : num_decodes, M, lens, tables, max_blocks, bs);
+    plan_runs(num_decodes < 0 ? M : num_decodes, M, lens, tables, max_blocks);
     const int64_t* lora = nullptr;
     if (row_slots.numel()) {
       TORCH_CHECK(row_slots.dim() == 1 && row_slots.size(0) == M &&
@@ -391,29 +391,20 @@ class Q4DecodeStack {
   };
 
   // A request's prefill rows in a step: rows [row0, row0 + rows), one block table (row0's),
-  // row r seeing its first lens[r] keys; groups of 16 keys packed at kv_off (K) and
-  // kv_off + groups * words (V) of each KV head's share of packed_.
+  // row r seeing its first lens[r] keys, `keys` the most of them; groups of 16 keys packed at
+  // kv_off (K) and kv_off + groups * words (V) of each KV head's share of packed_.
   struct Run {
-    int64_t row0, rows, groups, kv_off;
+    int64_t row0, rows, keys, groups, kv_off;
   };
   // A unit of the tiled attention: rows [r0, r1) of run `run` against KV head `kvh`.
   struct Tile {
     int64_t run, kvh, r0, r1;
   };
 
-  template <typename T>
-  static constexpr bool tiled() {
-#ifdef SURGE_HAS_TILED_PREFILL
-    return std::is_same_v<T, at::BFloat16>;
-#else
-    return false;
-#endif
-  }
-
   // The runs of rows [first, M) (consecutive rows with the same block table) and their tiles,
   // the longest rows first (they cost most: the dynamic schedule then ends level).
   void plan_runs(int64_t first, int64_t M, const int64_t* lens, const int64_t* tables,
-                 int64_t max_blocks, int64_t bs) {
+                 int64_t max_blocks) {
     runs_.clear();
     tiles_.clear();
     tiled_from_ = M;
@@ -430,11 +421,10 @@ class Q4DecodeStack {
         ++end;
       }
       const int64_t groups = (len + surge::prefill::kKeys - 1) / surge::prefill::kKeys;
-      runs_.push_back(Run{m, end - m, groups, off});
+      runs_.push_back(Run{m, end - m, len, groups, off});
       off += 2 * groups * words;
       m = end;
     }
-    (void)bs;
     packed_.resize(off * kv_heads_);
     packed_head_stride_ = off;
     // Rows per tile: about 24 query vectors (three batches of 8 scored at once).
@@ -465,14 +455,12 @@ class Q4DecodeStack {
       const Run& r = runs_[u / kv_heads_];
       const int64_t h = u % kv_heads_;
       const int64_t* table = s.tables + r.row0 * s.max_blocks;
-      int64_t len = 0;
-      for (int64_t i = 0; i < r.rows; ++i) len = std::max(len, s.lens[r.row0 + i]);
       uint32_t* kp = packed_.data() + h * packed_head_stride_ + r.kv_off;
       uint32_t* vp = kp + r.groups * kGroupWords<HD>;
       for (int64_t g = 0; g < r.groups; ++g) {
         const int64_t t0 = g * surge::prefill::kKeys;
         surge::prefill::pack_group<HD>(kc + h * head_stride, vc + h * head_stride, table, s.bs,
-                                       t0, std::min(surge::prefill::kKeys, len - t0),
+                                       t0, std::min(surge::prefill::kKeys, r.keys - t0),
                                        kp + g * kGroupWords<HD>, vp + g * kGroupWords<HD>);
       }
     }  // implicit barrier: every run packed before any tile reads it
@@ -494,7 +482,6 @@ class Q4DecodeStack {
   template <int HD>
   void attend_runs(const Layer&, const Step&, int64_t, float) {}
 #endif
-
 
   // The channels [n0, n1) of a projection of N that thread tid projects on the 4-bit path
   // (whole tiles of 16; the last thread also takes the rows after the last tile): `project`'s
@@ -611,8 +598,8 @@ class Q4DecodeStack {
           // 2 threads where its 3 KV heads do not); with enough rows a KV head's whole group,
           // its K/V rows read once for all of the group's queries.
           // Rows from tiled_from_ on attend in tiles below (prefill chunks' rows, where the
-          // CPU and cache dtype have the tiled kernel).
-          const int64_t alone = tiled<T>() ? tiled_from_ : M;
+          // CPU and cache dtype have the tiled kernel; else tiled_from_ is M).
+          const int64_t alone = tiled_from_;
           const int64_t per = alone * kv_heads_ >= 4 * n ? group : 1;  // query heads per unit
           const int64_t units_per_row = heads_ / per;
           const auto [b, e] = share(alone * units_per_row, tid, n);
@@ -629,7 +616,7 @@ class Q4DecodeStack {
                                   attn_.data() + m * q_size + h * HD);
             }
           }
-          if (tiled<T>() && !runs_.empty()) attend_runs<HD>(L, s, q_size, scale);
+          if (!runs_.empty()) attend_runs<HD>(L, s, q_size, scale);
         }
 #pragma omp barrier
         if (tid == 0) mark(kPhaseAttention, t);
