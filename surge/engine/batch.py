@@ -27,10 +27,18 @@ class ScheduledRequest:
     prompt_targets: tuple[int, ...] = ()
     prompt_top: int = 0
     batch_invariant: bool = False  # its params ask for batch-invariant numerics
+    # The request's prompt length: a prompt's last token (after a prefix hit or a chunk) is
+    # a prefill row, never a decode, so that it gets the prefill numerics however the prompt
+    # was split. 0: unknown, every one-token step past position 0 is a decode.
+    num_prompt_tokens: int = 0
 
     @property
     def is_decode(self) -> bool:
-        return len(self.token_ids) == 1 and self.start_pos > 0
+        return (
+            len(self.token_ids) == 1
+            and self.start_pos > 0
+            and self.start_pos >= self.num_prompt_tokens
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +46,8 @@ class SchedulerOutput:
     requests: tuple[ScheduledRequest, ...]
     num_tokens: int
     preempted: tuple[str, ...] = ()
+    # (source, destination) KV blocks to copy before the model runs: partial prefix hits.
+    kv_copies: tuple[tuple[int, int], ...] = ()
 
     @property
     def is_empty(self) -> bool:

@@ -5,12 +5,25 @@ Every block is either referenced by at least one request's block table (ref > 0)
 prefix index): it can be revived by a prefix hit until it is popped for reuse, which is the
 one place where its hash is dropped. Free queue order is the eviction order:
 uncached blocks at the front (nothing to lose), cached blocks behind them in LRU order.
+
+Partial-block reuse: past the last full-block hit, the cache may hold a block at the same
+position, behind the same prefix, whose first tokens match the request's next ones: a full
+cached block whose later tokens differ, or the computed part of a finished (or preempted)
+request's last block. Those tokens' KV is copied into the request's own fresh block (the
+copies are taken by the scheduler and run before the step's model), so a follow-up turn or a
+resent prompt computes only what is new, not also up to block_size - 1 tokens of its tail.
+Blocks are shared only when full and immutable; a partial one is never shared in place, since
+its owner (or the next) writes its later positions.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
+
+# The most donor blocks one partial lookup compares (the newest first): bounds the cost where
+# thousands of conversations continue one shared prefix with the same token.
+MAX_PARTIAL_CANDIDATES = 64
 
 
 class BlockManager:
@@ -37,6 +50,15 @@ class BlockManager:
         # Blocks of each table already considered by cache_full_blocks, so that each call
         # only looks at newly computed blocks (O(new) per step, not O(table)).
         self._num_considered: dict[str, int] = {}
+        # Donors for partial-block reuse, keyed by (the hash of the block before, first token):
+        # full cached blocks past the first, and the computed first tokens of freed requests'
+        # last blocks (`_partial`, fewer than block_size). The first block has no donors: its
+        # parent would carry no cache salt.
+        self._partial: list[tuple[int, ...] | None] = [None] * num_blocks
+        self._donor_key: list[tuple[bytes, int] | None] = [None] * num_blocks
+        self._donors: dict[tuple[bytes, int], dict[int, None]] = {}
+        # (source, destination) blocks whose KV the next step copies first: take_copies().
+        self._copies: list[tuple[int, int]] = []
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
@@ -69,12 +91,15 @@ class BlockManager:
         return req_id in self._tables
 
     def lookup_prefix(self, token_ids: Sequence[int], block_hashes: Sequence[bytes]) -> int:
-        """Number of prompt tokens (a multiple of block_size) the cache can serve; no side effects.
+        """Number of prompt tokens the cache can serve (full blocks, then maybe part of one
+        more, see the module doc); no side effects.
 
         Never covers the last token (it must be computed to get logits); 0 when prefix
         caching is off.
         """
-        return len(self._match(token_ids, block_hashes)) * self.block_size
+        hits = self._match(token_ids, block_hashes)
+        partial = self._match_partial(token_ids, block_hashes, len(hits))
+        return len(hits) * self.block_size + (partial[1] if partial else 0)
 
     def _match(self, token_ids: Sequence[int], block_hashes: Sequence[bytes]) -> list[int]:
         """Cached blocks serving the longest prefix of token_ids, each hit verified by content."""
@@ -93,6 +118,38 @@ class BlockManager:
             hits.append(block)
             seen.add(block)
         return hits
+
+    def _match_partial(
+        self, token_ids: Sequence[int], block_hashes: Sequence[bytes], num_hits: int
+    ) -> tuple[int, int] | None:
+        """(donor block, tokens) serving the most of block num_hits, or None; the last token
+        is never served."""
+        if num_hits == 0:
+            return None
+        bs = self.block_size
+        start = num_hits * bs
+        limit = min(bs, len(token_ids) - 1 - start)
+        if limit <= 0:
+            return None
+        donors = self._donors.get((block_hashes[num_hits - 1], token_ids[start]))
+        if not donors:
+            return None
+        want = token_ids[start : start + limit]
+        best: tuple[int, int] | None = None
+        for i, block in enumerate(reversed(donors)):
+            if i == MAX_PARTIAL_CANDIDATES:
+                break
+            have = self._tokens[block] or self._partial[block] or ()
+            n = 0
+            for a, b in zip(have, want, strict=False):
+                if a != b:
+                    break
+                n += 1
+            if best is None or n > best[1]:
+                best = (block, n)
+                if n == limit:
+                    break
+        return best if best is not None and best[1] > 0 else None
 
     # ----------------------------------------------------------------- updates
 
@@ -114,17 +171,22 @@ class BlockManager:
         hits = self._match(token_ids, block_hashes) if table is None else []
         have = len(hits) if table is None else len(table)
         need = max(0, -(-num_tokens // self.block_size) - have)
+        # A partial hit fills the first new block; none without one.
+        partial = self._match_partial(token_ids, block_hashes, len(hits)) if need else None
         # Evictable hit blocks leave the free queue, so they can't also serve as new blocks.
         revived = sum(1 for b in hits if self._ref[b] == 0)
         if need > len(self._free) - revived:
             return None
 
+        cached = len(hits) * self.block_size
         if table is None:
             table = self._tables[req_id] = []
             self._num_considered[req_id] = 0
+            if partial is not None:
+                cached += partial[1]
             if self.enable_prefix_caching:
                 self.prefix_cache_queries += len(token_ids)
-                self.prefix_cache_hits += len(hits) * self.block_size
+                self.prefix_cache_hits += cached
         for b in hits:
             if self._ref[b] == 0:
                 del self._free[b]
@@ -134,7 +196,17 @@ class BlockManager:
             b = self._pop_free()
             self._ref[b] = 1
             table.append(b)
-        return len(hits) * self.block_size
+        if partial is not None:
+            # Copied before this step's model runs: even if the donor was just popped (for this
+            # request or another), nothing has written it yet.
+            self._copies.append((partial[0], table[len(hits)]))
+        return cached
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The (source, destination) block copies partial hits asked for since the last call,
+        in order; the caller copies every layer's K and V before the step's model runs."""
+        copies, self._copies = self._copies, []
+        return copies
 
     def _pop_free(self) -> int:
         """Take the front free block for reuse, evicting its cached content if any.
@@ -148,7 +220,24 @@ class BlockManager:
             del self._index[old]
             self._hash[block] = None
             self._tokens[block] = None
+        self._drop_donor(block)
         return block
+
+    def _add_donor(self, block: int, parent: bytes, first_token: int) -> None:
+        key = (parent, first_token)
+        self._donor_key[block] = key
+        self._donors.setdefault(key, {})[block] = None
+
+    def _drop_donor(self, block: int) -> None:
+        key = self._donor_key[block]
+        if key is None:
+            return
+        self._donor_key[block] = None
+        self._partial[block] = None
+        donors = self._donors[key]
+        del donors[block]
+        if not donors:
+            del self._donors[key]
 
     def fork(self, src_req_id: str, dst_req_id: str, num_blocks: int) -> None:
         """Start dst's table with src's first num_blocks blocks, shared (ref += 1).
@@ -195,26 +284,54 @@ class BlockManager:
             self._hash[block] = h
             self._tokens[block] = tuple(token_ids[i * bs : (i + 1) * bs])
             self._index[h] = block
+            if i > 0:
+                self._add_donor(block, block_hashes[i - 1], token_ids[i * bs])
         self._num_considered[req_id] = max(start, end)
 
-    def free(self, req_id: str) -> None:
+    def free(
+        self,
+        req_id: str,
+        token_ids: Sequence[int] = (),
+        block_hashes: Sequence[bytes] = (),
+        num_computed_tokens: int = 0,
+    ) -> None:
         """Drop req's table (unknown req_id: no-op) and release its blocks.
 
-        A block reaching ref 0 without a hash goes to the FRONT of the free queue (reuse it
-        first); with a hash it stays cached and goes to the BACK (LRU). Blocks are released
-        last-first so a request's tail blocks, the least likely to be shared, are evicted
-        before its head blocks.
+        A block reaching ref 0 without cached content goes to the FRONT of the free queue
+        (reuse it first); with content it stays cached and goes to the BACK (LRU). Blocks are
+        released last-first so a request's tail blocks, the least likely to be shared, are
+        evicted before its head blocks. Given req's tokens, hashes and computed count, the
+        computed start of its last, partial block stays cached for partial reuse.
         """
         table = self._tables.pop(req_id, None)
         if table is None:
             return
         del self._num_considered[req_id]
+        self._keep_partial_tail(table, token_ids, block_hashes, num_computed_tokens)
         for b in reversed(table):
             self._ref[b] -= 1
             if self._ref[b] == 0:
                 self._free[b] = None
-                if self._hash[b] is None:
+                if self._hash[b] is None and self._donor_key[b] is None:
                     self._free.move_to_end(b, last=False)
+
+    def _keep_partial_tail(
+        self,
+        table: list[int],
+        token_ids: Sequence[int],
+        block_hashes: Sequence[bytes],
+        num_computed: int,
+    ) -> None:
+        bs = self.block_size
+        i, n = divmod(min(num_computed, len(token_ids)), bs)
+        if not self.enable_prefix_caching or n == 0 or i == 0 or i >= len(table):
+            return
+        block = table[i]
+        if self._ref[block] != 1 or self._hash[block] is not None or i > len(block_hashes):
+            return  # shared (a fork) or already cached: not this request's to keep
+        self._drop_donor(block)  # a block is kept once, for its latest content
+        self._partial[block] = tuple(token_ids[i * bs : i * bs + n])
+        self._add_donor(block, block_hashes[i - 1], token_ids[i * bs])
 
     def reset_prefix_cache(self) -> bool:
         """Forget all cached content. False (and no change) if a cached block is referenced.
@@ -227,6 +344,8 @@ class BlockManager:
             self._hash[b] = None
             self._tokens[b] = None
         self._index.clear()
+        for b in [b for donors in self._donors.values() for b in donors]:
+            self._drop_donor(b)
         return True
 
     # ----------------------------------------------------------------- checks
@@ -247,6 +366,21 @@ class BlockManager:
                 _check(tokens is not None and len(tokens) == self.block_size, "bad tokens")
         for h, b in self._index.items():
             _check(self._hash[b] == h, f"index entry for block {b} != its stored hash")
+        for key, donors in self._donors.items():
+            _check(bool(donors), f"empty donor set for {key!r}")
+            for b in donors:
+                _check(self._donor_key[b] == key, f"block {b}: donor key mismatch")
+                tokens = self._tokens[b] if self._hash[b] is not None else self._partial[b]
+                _check(tokens is not None and tokens[0] == key[1], f"block {b}: donor tokens")
+        for b in range(self.num_blocks):
+            own = self._donor_key[b]
+            if own is not None:
+                _check(b in self._donors.get(own, {}), f"block {b}: not in its donors")
+            p = self._partial[b]
+            if p is not None:
+                _check(self._hash[b] is None, f"block {b}: partial and full at once")
+                _check(0 < len(p) < self.block_size, f"block {b}: partial of {len(p)} tokens")
+                _check(self._ref[b] == 0, f"block {b}: a kept partial block is held")
 
 
 def _check(cond: bool, msg: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +96,22 @@ def allocate_kv_cache(
         )
         for _ in range(spec.num_layers)
     ]
+
+
+def copy_blocks(kv_caches: list[tuple[Tensor, Tensor]], copies: Sequence[tuple[int, int]]) -> None:
+    """Copy whole blocks (source, destination), every layer's K and V, in order: one indexed
+    copy per tensor, or one per pair where a destination is also a later source."""
+    if not copies:
+        return
+    src, dst = zip(*copies, strict=True)
+    groups = [copies] if not set(src) & set(dst) else [[c] for c in copies]
+    device = kv_caches[0][0].device
+    for group in groups:
+        s = torch.tensor([c[0] for c in group], device=device)
+        d = torch.tensor([c[1] for c in group], device=device)
+        for k, v in kv_caches:
+            k[:, d] = k[:, s]
+            v[:, d] = v[:, s]
 
 
 # A request's average context (prompt + output) for the recommendation below, and the cap: on a

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from surge.engine.batch import SampledToken, SampledTokens, SchedulerOutput
 from surge.engine.cuda_graphs import DecodeGraphs
+from surge.engine.kv_cache import copy_blocks
 from surge.engine.prompt_logprobs import score_prompts
 from surge.engine.runner_config import RunnerConfig
 from surge.engine.sampler import Sampler, SamplingRow
@@ -137,6 +138,7 @@ class ModelRunner:
     # ---- the step ----------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput) -> SampledTokens:
+        copy_blocks(self.kv_caches, batch.kv_copies)  # partial prefix hits, before any write
         if batch.is_empty:
             return SampledTokens({})
         step = self.step_batch(batch)

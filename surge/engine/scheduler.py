@@ -68,7 +68,7 @@ class Scheduler:
             self.running.remove(req)
         else:
             self.waiting.remove(req)
-        self.blocks.free(req_id)
+        self._free_blocks(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         self.policy.on_finish(req)
@@ -123,7 +123,9 @@ class Scheduler:
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now_s
         out = tuple(self._describe(req, n, drafts.get(req.req_id, ())) for req, n in scheduled)
-        return SchedulerOutput(out, sum(n for _, n in scheduled), tuple(preempted))
+        return SchedulerOutput(
+            out, sum(n for _, n in scheduled), tuple(preempted), tuple(self.blocks.take_copies())
+        )
 
     def _admit(self, now_s: float, budget: int, scheduled: list[tuple[Request, int]]) -> int:
         key = self.policy.key
@@ -217,12 +219,16 @@ class Scheduler:
     def _preempt(self, req: Request) -> None:
         req.draft = []
         self.running.remove(req)
-        self.blocks.free(req.req_id)
+        self._free_blocks(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
         self.num_preemptions += 1
+
+    def _free_blocks(self, req: Request) -> None:
+        # With its tokens, so that the computed start of its last block stays reusable.
+        self.blocks.free(req.req_id, req.all_token_ids, req.block_hashes, req.num_computed_tokens)
 
     def _describe(self, req: Request, num_new: int, draft: Sequence[int]) -> ScheduledRequest:
         """num_new: the step's tokens, draft included (its last len(draft))."""
@@ -265,6 +271,7 @@ class Scheduler:
             draft=tuple(draft),
             draft_sampling=draft_rows,
             batch_invariant=req.params.batch_invariant,
+            num_prompt_tokens=req.num_prompt_tokens,
         )
 
     # ---- after the model ran ---------------------------------------------------------------

@@ -89,11 +89,13 @@ def test_prefix_hit_while_first_request_runs() -> None:
     bm.free("a")
     assert bm.num_free_blocks == 7 and 0 not in bm.free_block_ids()
     # A prompt of exactly 8 tokens: both blocks cached, but the last token must be computed,
-    # so only the first block is served and block 1's content is recomputed in a new block.
+    # so the first block is shared and block 1's first 3 tokens are copied into a new block.
     c = a[:8]
-    assert bm.lookup_prefix(c, hashes(c)) == 4
-    assert add(bm, "c", c) == 4
+    assert bm.take_copies() == []
+    assert bm.lookup_prefix(c, hashes(c)) == 7
+    assert add(bm, "c", c) == 7
     assert bm.block_table("c") == [0, 2]
+    assert bm.take_copies() == [(1, 2)] and bm.take_copies() == []
     # Later calls never report cached tokens again.
     assert bm.allocate_slots("c", 9, c, hashes(c)) == 0
     bm.check_invariants()
@@ -148,7 +150,13 @@ def test_forged_hash_with_different_tokens_never_hits() -> None:
     rep = [1, 1, 1, 1, 1, 1, 1, 1, 1]
     bm.allocate_slots("r", 9, rep, hashes(rep))
     compute(bm, "r", rep)
-    assert bm.lookup_prefix(rep, [hashes(rep)[0]] * 2) == 4
+    # (The second block is still served, by its content: a copy of r's block 1, which does
+    # hold 1, 1, 1, 1 after 1, 1, 1, 1; never by mapping block 0 to both positions.)
+    bm.free("x")
+    assert bm.lookup_prefix(rep, [hashes(rep)[0]] * 2) == 8
+    assert bm.allocate_slots("s", 9, rep, [hashes(rep)[0]] * 2) == 8
+    table = bm.block_table("s")
+    assert len(set(table)) == 3 and bm.take_copies() == [(bm.block_table("r")[1], table[1])]
     bm.check_invariants()
 
 
@@ -304,6 +312,7 @@ def test_random_operations_keep_invariants() -> None:
         bm.cache_full_blocks(req, tokens, running[req][1], len(tokens))
 
     next_id = 0
+    num_copies = 0
     for _ in range(1000):
         op = rng.choices(["add", "fork", "grow", "abort", "finish"], [4, 1, 6, 1, 1])[0]
         req = rng.choice(sorted(running)) if running else None
@@ -319,6 +328,9 @@ def test_random_operations_keep_invariants() -> None:
                 assert not bm.has(req)
                 continue
             assert cached == expected
+            for src, dst in bm.take_copies():  # a partial hit: its block copied, as the runner does
+                kv[dst] = dict(kv[src])
+                num_copies += 1
             table = bm.block_table(req)
             for pos in range(cached):  # the served prefix is exactly ours
                 assert kv[table[pos // BS]][pos % BS] == tuple(tokens[: pos + 1])
@@ -339,20 +351,107 @@ def test_random_operations_keep_invariants() -> None:
             tokens.append(rng.randrange(50))
             extend_block_hashes(hs, tokens, BS, salt)
             if len(tokens) > 40 or bm.allocate_slots(req, len(tokens)) is None:
-                bm.free(req)  # finished, or preempted for lack of blocks
+                # Finished, or preempted for lack of blocks: its last block's computed start
+                # stays reusable.
+                bm.free(req, tokens[:-1], hs, len(tokens) - 1)
                 del running[req]
             else:
                 write(req, tokens, len(tokens) - 1)
         else:  # abort or finish: same bookkeeping
-            bm.free(req)
+            tokens, hs, _ = running[req]
+            bm.free(req, tokens, hs, len(tokens))
             del running[req]
         bm.check_invariants()
         assert bm.num_free_blocks + len({b for r in running for b in bm.block_table(r)}) == 40
 
-    assert bm.prefix_cache_hits > 0
+    assert bm.prefix_cache_hits > 0 and num_copies > 0
     for req in list(running):
         bm.free(req)
     bm.check_invariants()
     assert bm.usage() == 0.0 and bm.num_free_blocks == 40
     assert bm.reset_prefix_cache() is True
+    bm.check_invariants()
+
+
+# ---- partial-block reuse ----------------------------------------------------------------------
+def finish(bm: BlockManager, req: str, tokens: list[int], salt: bytes = b"") -> None:
+    """The request ends with every token computed: its last block's start stays reusable."""
+    bm.free(req, tokens, hashes(tokens, salt), len(tokens))
+
+
+def test_a_finished_requests_partial_tail_is_copied_for_a_follow_up() -> None:
+    bm = BlockManager(num_blocks=10, block_size=BS)
+    a = list(range(10))  # blocks [0, 1, 2]; block 2 holds 2 computed tokens
+    add(bm, "a", a)
+    compute(bm, "a", a)
+    finish(bm, "a", a)
+    # The kept tail is cached content: at the back of the queue, before a's head (tail first).
+    assert bm.free_block_ids() == [3, 4, 5, 6, 7, 8, 9, 2, 1, 0]
+    bm.check_invariants()
+    follow_up = [*a, 50, 51]
+    assert bm.lookup_prefix(follow_up, hashes(follow_up)) == 10  # 8 shared + 2 copied
+    assert add(bm, "b", follow_up) == 10
+    assert bm.block_table("b") == [0, 1, 3]
+    assert bm.take_copies() == [(2, 3)]
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (10 + 12, 10)
+    bm.check_invariants()
+    # The same prompt again: everything but its last token. A prompt that diverges inside the
+    # block: only the common tokens.
+    assert bm.lookup_prefix(a, hashes(a)) == 9
+    diverged = [*a[:9], 77, 78]
+    assert bm.lookup_prefix(diverged, hashes(diverged)) == 9
+    other = [*a[:8], 77, 78]
+    assert bm.lookup_prefix(other, hashes(other)) == 8
+
+
+def test_the_longest_partial_match_is_served() -> None:
+    bm = BlockManager(num_blocks=12, block_size=BS)
+    for name, tail in (("a", [8, 60]), ("b", [8, 9, 10]), ("c", [8, 9, 70])):
+        tokens = [*range(8), *tail]
+        add(bm, name, tokens)
+        compute(bm, name, tokens)
+        finish(bm, name, tokens)
+    # b and c started from the tails before them (a's block 2, then b's block 3): copies.
+    assert bm.take_copies() == [(2, 3), (3, 4)]
+    want = [*range(8), 8, 9, 10, 11, 12]
+    assert bm.lookup_prefix(want, hashes(want)) == 11
+    assert add(bm, "d", want) == 11
+    assert bm.take_copies() == [(3, 5)]  # b's tail, 8 9 10, the longest of the three
+    bm.check_invariants()
+
+
+def test_partial_reuse_respects_the_cache_salt_and_eviction() -> None:
+    bm = BlockManager(num_blocks=5, block_size=BS)
+    a = list(range(10))
+    bm.allocate_slots("a", 10, a, hashes(a, b"tenant"))
+    bm.cache_full_blocks("a", a, hashes(a, b"tenant"), 10)
+    finish(bm, "a", a, b"tenant")
+    follow_up = [*a, 50]
+    assert bm.lookup_prefix(follow_up, hashes(follow_up)) == 0  # another tenant's prefix
+    assert bm.lookup_prefix(follow_up, hashes(follow_up, b"tenant")) == 10
+    # Two uncached blocks are reused first; the third pop evicts the kept tail (block 2).
+    assert bm.allocate_slots("x", 12) == 0
+    assert bm.block_table("x") == [3, 4, 2]
+    assert bm.lookup_prefix(follow_up, hashes(follow_up, b"tenant")) == 8
+    bm.check_invariants()
+    bm.free("x")
+    assert bm.reset_prefix_cache() is True
+    assert bm.lookup_prefix(follow_up, hashes(follow_up, b"tenant")) == 0
+    bm.check_invariants()
+
+
+def test_no_partial_without_the_tokens_or_for_the_first_block() -> None:
+    bm = BlockManager(num_blocks=10, block_size=BS)
+    a = list(range(10))
+    add(bm, "a", a)
+    compute(bm, "a", a)
+    bm.free("a")  # no tokens given (an old caller): the tail is plain free space
+    assert bm.free_block_ids()[0] == 2
+    follow_up = [*a, 50]
+    assert bm.lookup_prefix(follow_up, hashes(follow_up)) == 8
+    short = [1, 2, 3]  # within the first block: no parent to key a donor by (nor a salt)
+    add(bm, "s", short)
+    compute(bm, "s", short)
+    finish(bm, "s", short)
+    assert bm.lookup_prefix([1, 2, 3, 4], hashes([1, 2, 3, 4])) == 0
     bm.check_invariants()

@@ -80,7 +80,9 @@ def test_prefix_cache_hits_on_shared_prompt(tiny_model_dir: Path) -> None:
     second = llm.generate(prompt, params, use_tqdm=False)[0]
     assert first.num_cached_tokens == 0
     n = len(first.prompt_token_ids)
-    assert second.num_cached_tokens == (n - 1) // 16 * 16 > 0
+    # Every token but the last: the full blocks shared, then the first request's block after
+    # them (its prompt's tail and the tokens it generated) copied for its first tokens.
+    assert n % 16 != 1 and second.num_cached_tokens == n - 1
     assert second.outputs[0].token_ids == first.outputs[0].token_ids
 
 
@@ -144,3 +146,27 @@ def test_chat_renders_the_template_and_generates(tiny_model_dir: Path) -> None:
     both = llm.chat([talk, other], params, use_tqdm=False)
     assert both[0].prompt_token_ids == ids and len(both) == 2
     assert both[1].prompt == llm.tokenizer.apply_chat_template(other)
+
+
+@pytest.mark.parametrize("kv", ["auto", "bfloat16", "int8"])
+def test_a_follow_up_reuses_the_finished_requests_last_block(tiny_model_dir: Path, kv: str) -> None:
+    """A follow-up turn computes only its new tokens: the first request's last, partial block
+    is copied for the tokens they share, and the answer is the one computed from scratch."""
+    cached = LLM(str(tiny_model_dir), dtype="float32", kv_cache_dtype=kv)
+    fresh = LLM(str(tiny_model_dir), dtype="float32", kv_cache_dtype=kv,
+                enable_prefix_caching=False)  # fmt: skip
+    first = cached.tokenizer.encode(PROMPTS[4])
+    n = len(first)
+    assert n % 16 > 1  # a partial last block to keep
+    once = SamplingParams(temperature=0.0, max_tokens=1)  # the prompt computed, nothing more
+    cached.generate(first, once, use_tqdm=False)
+    follow_up = first + cached.tokenizer.encode("Blocks are shared by requests.")
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=1, ignore_eos=True)
+    got = cached.generate(follow_up, params, use_tqdm=False)[0]
+    ref = fresh.generate(follow_up, params, use_tqdm=False)[0]
+    assert got.num_cached_tokens == n  # every token of the first prompt, none more
+    assert got.outputs[0].token_ids == ref.outputs[0].token_ids
+    assert got.outputs[0].logprobs is not None and ref.outputs[0].logprobs is not None
+    a = [lp.logprob for lp in got.outputs[0].logprobs]
+    b = [lp.logprob for lp in ref.outputs[0].logprobs]
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 2e-5

@@ -120,14 +120,14 @@ def test_a_prefix_cache_hit_scores_as_one_pass_with_a_cache_dtype_of_its_own(
     served from bf16 (or int8) blocks scores as the pass that wrote them (bf16: 7.9e-4 apart
     without that)."""
     llm = LLM(str(tiny_model_dir), dtype="float32", kv_cache_dtype=kv, num_blocks=64)
-    prompt = (  # 18 tokens: one full block to hit
+    prompt = (  # 18 tokens: one full block to hit, and a token of the next one to copy
         "one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
         "fifteen sixteen seventeen eighteen"
     )
     params = SamplingParams(temperature=0.0, max_tokens=6, logprobs=1, ignore_eos=True)
     first = llm.generate(prompt, params, use_tqdm=False)[0]
     second = llm.generate(prompt, params, use_tqdm=False)[0]
-    assert first.num_cached_tokens == 0 and second.num_cached_tokens == 16
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens == 17
     assert first.outputs[0].logprobs is not None and second.outputs[0].logprobs is not None
     a = [lp.logprob for lp in first.outputs[0].logprobs]
     b = [lp.logprob for lp in second.outputs[0].logprobs]

@@ -350,8 +350,10 @@ class Q4DecodeStack {
 
   // Seconds thread 0 spent in each phase (up to and including the barrier that ends it, so the
   // slowest thread's time) since the last call, summed over layers and steps; then reset.
+  // "attention_pack": the decode rows' attention and the packing of the prefill rows' keys
+  // and values (0 when no row attends in tiles); "attention": the rest of the attention.
   std::vector<std::pair<std::string, double>> phase_seconds() {
-    static const char* names[] = {"norm1", "qkv", "rope", "attention", "quant_attn", "o", "norm2", "gate_up", "silu", "down"};
+    static const char* names[] = {"norm1", "qkv", "rope", "attention_pack", "attention", "quant_attn", "o", "norm2", "gate_up", "silu", "down"};
     std::vector<std::pair<std::string, double>> r;
     for (int i = 0; i < kPhases; ++i) r.emplace_back(names[i], phase_s_[i]);
     phase_s_.fill(0.0);
@@ -374,7 +376,7 @@ class Q4DecodeStack {
   static constexpr int64_t kMaxStackRows = 1024;
   static constexpr int64_t kSplitRows = 8;  // 4-bit path: per-row phases split from here
   using Clock = std::chrono::steady_clock;
-  enum Phase { kPhaseNorm1, kPhaseQkv, kPhaseRope, kPhaseAttention, kPhaseQuantAttn, kPhaseO, kPhaseNorm2, kPhaseGateUp, kPhaseSilu, kPhaseDown, kPhases };
+  enum Phase { kPhaseNorm1, kPhaseQkv, kPhaseRope, kPhaseAttnPack, kPhaseAttention, kPhaseQuantAttn, kPhaseO, kPhaseNorm2, kPhaseGateUp, kPhaseSilu, kPhaseDown, kPhases };
 
   // Adds the time since `t` to phase p and moves `t` on (thread 0 only).
   void mark(Phase p, Clock::time_point& t) {
@@ -400,6 +402,13 @@ class Q4DecodeStack {
   struct Tile {
     int64_t run, kvh, r0, r1;
   };
+  // A unit of the packing: groups [g0, g1) of run `run`'s keys and values for KV head `kvh`.
+  // Split finer than (run, KV head) so that one request's 3 KV heads still share out evenly
+  // over the threads (a cached prefix's step is mostly packing).
+  struct Pack {
+    int64_t run, kvh, g0, g1;
+  };
+  static constexpr int64_t kPackGroups = 8;
 
   // The runs of rows [first, M) (consecutive rows with the same block table) and their tiles,
   // the longest rows first (they cost most: the dynamic schedule then ends level).
@@ -407,6 +416,7 @@ class Q4DecodeStack {
                  int64_t max_blocks) {
     runs_.clear();
     tiles_.clear();
+    packs_.clear();
     tiled_from_ = M;
     if (!tiled_prefill() || first >= M) return;
     tiled_from_ = first;
@@ -421,6 +431,10 @@ class Q4DecodeStack {
         ++end;
       }
       const int64_t groups = (len + surge::prefill::kKeys - 1) / surge::prefill::kKeys;
+      for (int64_t h = 0; h < kv_heads_; ++h)
+        for (int64_t g = 0; g < groups; g += kPackGroups)
+          packs_.push_back(Pack{static_cast<int64_t>(runs_.size()), h, g,
+                                std::min(groups, g + kPackGroups)});
       runs_.push_back(Run{m, end - m, len, groups, off});
       off += 2 * groups * words;
       m = end;
@@ -443,27 +457,30 @@ class Q4DecodeStack {
   // then the tiles, dynamically scheduled (each thread's share of the work, whatever its
   // rows' lengths). Called by every thread of the region; ends at a barrier.
   template <int HD>
-  void attend_runs(const Layer& L, const Step& s, int64_t q_size, float scale) {
+  void attend_runs(const Layer& L, const Step& s, int64_t q_size, float scale, int tid,
+                   Clock::time_point& t) {
     using surge::prefill::kGroupWords;
     const int64_t group = heads_ / kv_heads_;
     const auto* kc = reinterpret_cast<const uint16_t*>(L.k_cache.data_ptr<at::BFloat16>());
     const auto* vc = reinterpret_cast<const uint16_t*>(L.v_cache.data_ptr<at::BFloat16>());
     const int64_t head_stride = L.k_cache.size(1) * s.bs * HD;
-    const int64_t units = static_cast<int64_t>(runs_.size()) * kv_heads_;
+    const int64_t n_packs = static_cast<int64_t>(packs_.size());
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t u = 0; u < units; ++u) {
-      const Run& r = runs_[u / kv_heads_];
-      const int64_t h = u % kv_heads_;
+    for (int64_t u = 0; u < n_packs; ++u) {
+      const Pack& pk = packs_[u];
+      const Run& r = runs_[pk.run];
+      const int64_t h = pk.kvh;
       const int64_t* table = s.tables + r.row0 * s.max_blocks;
       uint32_t* kp = packed_.data() + h * packed_head_stride_ + r.kv_off;
       uint32_t* vp = kp + r.groups * kGroupWords<HD>;
-      for (int64_t g = 0; g < r.groups; ++g) {
+      for (int64_t g = pk.g0; g < pk.g1; ++g) {
         const int64_t t0 = g * surge::prefill::kKeys;
         surge::prefill::pack_group<HD>(kc + h * head_stride, vc + h * head_stride, table, s.bs,
                                        t0, std::min(surge::prefill::kKeys, r.keys - t0),
                                        kp + g * kGroupWords<HD>, vp + g * kGroupWords<HD>);
       }
     }  // implicit barrier: every run packed before any tile reads it
+    if (tid == 0) mark(kPhaseAttnPack, t);
     thread_local surge::prefill::TileScratch scratch;
     const int64_t n_tiles = static_cast<int64_t>(tiles_.size());
 #pragma omp for schedule(dynamic, 1)
@@ -480,7 +497,7 @@ class Q4DecodeStack {
   }
 #else
   template <int HD>
-  void attend_runs(const Layer&, const Step&, int64_t, float) {}
+  void attend_runs(const Layer&, const Step&, int64_t, float, int, Clock::time_point&) {}
 #endif
 
   // The channels [n0, n1) of a projection of N that thread tid projects on the 4-bit path
@@ -616,7 +633,7 @@ class Q4DecodeStack {
                                   attn_.data() + m * q_size + h * HD);
             }
           }
-          if (!runs_.empty()) attend_runs<HD>(L, s, q_size, scale);
+          if (!runs_.empty()) attend_runs<HD>(L, s, q_size, scale, tid, t);
         }
 #pragma omp barrier
         if (tid == 0) mark(kPhaseAttention, t);
@@ -668,6 +685,7 @@ class Q4DecodeStack {
   // their packed keys and values (each KV head's share packed_head_stride_ words).
   std::vector<Run> runs_;
   std::vector<Tile> tiles_;
+  std::vector<Pack> packs_;
   int64_t tiled_from_ = 0;
   std::vector<uint32_t> packed_;
   int64_t packed_head_stride_ = 0;
