@@ -137,16 +137,19 @@ class Scheduler:
             if self._waits_for_sibling(req):
                 continue  # let the sibling fill the shared prompt blocks first
             self._fork_from_sibling(req)
-            cached = 0
-            if not self.blocks.has(req.req_id) and not req.wants_prompt_logprobs:
-                cached = self.blocks.lookup_prefix(req.all_token_ids, req.block_hashes)
-                req.num_computed_tokens = cached
+            # A request scoring its prompt computes every position: it takes no cached blocks
+            # (it would rewrite blocks that others read).
+            reuse = not self.blocks.has(req.req_id) and not req.wants_prompt_logprobs
+            if reuse:
+                req.num_computed_tokens = self.blocks.lookup_prefix(
+                    req.all_token_ids, req.block_hashes
+                )
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             got = self.blocks.allocate_slots(
                 req.req_id,
                 req.num_computed_tokens + num_new,
-                req.all_token_ids,
-                req.block_hashes,
+                req.all_token_ids if reuse else (),
+                req.block_hashes if reuse else (),
             )
             if got is None:
                 self.num_blocked_on_kv += 1
