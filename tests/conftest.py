@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,19 @@ TINY_CONFIG = {
     "eos_token_id": 2,
     "torch_dtype": "float32",
 }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _process_logs_in_pytest_temp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Servers' and gateways' logs go under this session's pytest temp directory, which pytest
+    prunes (the last three sessions are kept), not into /tmp, where every run left hundreds."""
+    old = os.environ.get("SURGE_TEST_LOG_DIR")
+    os.environ["SURGE_TEST_LOG_DIR"] = str(tmp_path_factory.getbasetemp() / "process-logs")
+    yield
+    if old is None:
+        os.environ.pop("SURGE_TEST_LOG_DIR", None)
+    else:
+        os.environ["SURGE_TEST_LOG_DIR"] = old
 
 
 @pytest.fixture(scope="session")

@@ -65,6 +65,15 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> s
     return f"not ready in {timeout_s}s"
 
 
+def log_dir() -> Path:
+    """Where test processes write their logs: the session's pytest temp directory (set by
+    tests/conftest.py; pytest keeps the last three sessions' and removes older ones), else
+    $TMPDIR or /tmp (a benchmark or a shell using these helpers)."""
+    path = Path(os.environ.get("SURGE_TEST_LOG_DIR") or os.environ.get("TMPDIR", "/tmp"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 class ServerProcess:
     def __init__(
         self,
@@ -77,8 +86,7 @@ class ServerProcess:
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
         # Named apart from later processes given the same port (their logs would overwrite).
-        tmp = Path(os.environ.get("TMPDIR", "/tmp"))
-        self.log_path = tmp / f"surge-test-{self.port}-{time.time_ns()}.log"
+        self.log_path = log_dir() / f"surge-test-{self.port}-{time.time_ns()}.log"
         self._log = self.log_path.open("wb")
         cmd = [
             sys.executable, "-m", "surge.cli", "serve", "--model", str(model),

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 
-from tests.servers import free_port, stop_process
+from tests.servers import free_port, log_dir, stop_process
 
 
 class GatewayProcess:
@@ -18,8 +16,7 @@ class GatewayProcess:
         self.port = port if port is not None else free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # Named apart from later processes given the same port (their logs would overwrite).
-        tmp = Path(os.environ.get("TMPDIR", "/tmp"))
-        self.log_path = tmp / f"surge-gateway-{self.port}-{time.time_ns()}.log"
+        self.log_path = log_dir() / f"surge-gateway-{self.port}-{time.time_ns()}.log"
         self._log = self.log_path.open("wb")
         cmd = [sys.executable, "-m", "surge.cli", "gateway", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)

@@ -91,7 +91,8 @@ def test_a_frozen_replica_is_routed_around_and_rejoins(fleet: Fleet) -> None:
     results = load.stop()
     print(f"frozen replica: out of rotation in {left:.1f}s, rejoined {rejoin_s:.1f}s after "
           f"SIGCONT; {len(results)} requests")  # fmt: skip
-    assert [r.status for r in results if r.status != 200] == []
+    failed = [(r.status, r.upstream, r.body[-400:]) for r in results if r.status != 200]
+    assert failed == [], failed
     assert served_while_frozen > 0
     # Nothing hung: a request caught mid-answer on the frozen one finishes once it thaws.
     assert max(r.latency_s for r in results) < STOP_S + 5, max(r.latency_s for r in results)
