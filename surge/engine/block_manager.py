@@ -329,7 +329,6 @@ class BlockManager:
         block = table[i]
         if self._ref[block] != 1 or self._hash[block] is not None or i > len(block_hashes):
             return  # shared (a fork) or already cached: not this request's to keep
-        self._drop_donor(block)  # a block is kept once, for its latest content
         self._partial[block] = tuple(token_ids[i * bs : i * bs + n])
         self._add_donor(block, block_hashes[i - 1], token_ids[i * bs])
 
