@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 #include "q4_gemv.h"
-#include "w8a8_gemm.h"
+#include "amx_gemm.h"
 #include "decode_attention.h"
 #include "prefill_attention.h"
 #include "lora_rows.h"
@@ -531,8 +531,8 @@ class Q4DecodeStack {
                        int nt) {
     const int64_t per = surge::w8a8::panel_blocks(a.M), blocks = w.w.blocks();
     const auto [b, e] = share((blocks + per - 1) / per, tid, nt);
-    surge::w8a8::gemm_blocks(a, w.w, b * per, std::min(blocks, e * per),
-                             surge::w8a8::Out<float, ADD>{out, w.w.N});
+    surge::w8a8::gemm_range(a, w.w, b * per, std::min(blocks, e * per),
+                            surge::w8a8::Out<float, ADD>{out, w.w.N});
   }
 
   template <typename T, int HD>
@@ -700,6 +700,10 @@ class Q4DecodeStack {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("tier") = SURGE_TIER_NAME;  // the tier it was built for (cpu_features.h)
+  // The int8 GEMM's engine for this module's stacks (amx_gemm.h; surge/models/amx.py sets it).
+  m.def("amx_hardware_ok", &surge::w8a8::hardware_ok);
+  m.def("set_amx", &surge::w8a8::set_amx);
+  m.def("amx_calls", &surge::w8a8::amx_calls);
 #if SURGE_TIER >= SURGE_TIER_AVX2  // q4_gemv.h's vectorized GEMV
   m.attr("supported") = true;
   pybind11::class_<Q4DecodeStack>(m, "Q4DecodeStack")

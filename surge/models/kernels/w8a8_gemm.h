@@ -54,7 +54,8 @@ inline void resize(QuantRows& out, int64_t M, int64_t K) {
   out.M = M;
   out.K = K;
   out.Kp = padded_k(K);
-  out.q.resize(M * out.Kp);
+  // Rows padded to a multiple of 16: an AMX tile (amx_gemm.h) loads 16 rows at a time.
+  out.q.resize((M + 15) / 16 * 16 * out.Kp);
   out.s.resize(M);
   out.z.resize(M);
 }
@@ -93,6 +94,57 @@ inline void store_masked(T* p, __m512 v, int64_t n) {
   std::memcpy(p, t, n * sizeof(T));
 }
 
+// One block's per-channel terms, loaded once for the rows that follow.
+struct Channels {
+  int64_t n, left;
+  __mmask16 mask;
+  __m512i ws;
+  __m512 sw, bias;
+  const float* has_bias;
+  __attribute__((always_inline)) Channels(const Weights& w, int64_t block)
+      : n(block * kCols), left(std::min(kCols, w.N - block * kCols)),
+        mask(left >= kCols ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1)),
+        ws(_mm512_maskz_loadu_epi32(mask, w.wsum + n)), sw(_mm512_maskz_loadu_ps(mask, w.scale + n)),
+        bias(w.bias ? _mm512_maskz_loadu_ps(mask, w.bias + n) : _mm512_setzero_ps()),
+        has_bias(w.bias) {}
+};
+
+// Pins a value: -ffast-math may otherwise reassociate or fuse (FMA) the epilogue's float ops
+// differently in each place it is inlined, and the VNNI and AMX paths must round alike.
+#define SURGE_PIN(v) asm("" : "+v"(v))
+
+// Row r's 16 int32 sums of block c into the output: the zero point, both scales, the bias.
+// Shared by the VNNI tiles and the AMX ones (amx_gemm.h): each float op pinned in order, so
+// both give the same bits wherever the compiler inlines it.
+// Always inlined: called once per row and block from unrolled loops, GCC otherwise keeps one
+// out-of-line copy, and the call with its arguments through memory cost a quarter of a
+// 64-row decode step.
+template <typename T, bool ADD>
+__attribute__((always_inline)) inline void epilogue(const QuantRows& a, int64_t r,
+                                                    const Channels& c, const int32_t* sums,
+                                                    Out<T, ADD> out) {
+  const __m512i zw = _mm512_mullo_epi32(_mm512_set1_epi32(a.z[r]), c.ws);
+  // y = v * (s * sw): the association dequantize_int32 (int8_linear.cpp) compiles to, so the
+  // packed GEMM and quantize_rows + _int_mm + dequantize_int32 agree bit for bit too.
+  __m512 rs = _mm512_mul_ps(_mm512_set1_ps(a.s[r]), c.sw);
+  SURGE_PIN(rs);
+  __m512 y = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(sums), zw));
+  SURGE_PIN(y);
+  y = _mm512_mul_ps(y, rs);
+  SURGE_PIN(y);
+  if (c.has_bias) {
+    y = _mm512_add_ps(y, c.bias);
+    SURGE_PIN(y);
+  }
+  T* o = out.p + r * out.ld + c.n;
+  if constexpr (ADD) {
+    y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(c.mask, o));
+    _mm512_mask_storeu_ps(o, c.mask, y);
+  } else {
+    store_masked(o, y, c.left);
+  }
+}
+
 // Rows m0 .. m0 + MR - 1 against blocks b0 .. b0 + NV - 1.
 template <int MR, int NV, typename T, bool ADD>
 inline void tile(const QuantRows& a, int64_t m0, const Weights& w, int64_t b0, Out<T, ADD> out) {
@@ -128,25 +180,8 @@ inline void tile(const QuantRows& a, int64_t m0, const Weights& w, int64_t b0, O
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) _mm512_store_si512(sums[m][j], acc[m][j]);
   for (int j = 0; j < NV; ++j) {
-    const int64_t n = (b0 + j) * kCols, left = std::min(kCols, w.N - n);
-    const __mmask16 mask = left >= kCols ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    const __m512i ws = _mm512_maskz_loadu_epi32(mask, w.wsum + n);
-    const __m512 sw = _mm512_maskz_loadu_ps(mask, w.scale + n);
-    const __m512 bias = w.bias ? _mm512_maskz_loadu_ps(mask, w.bias + n) : _mm512_setzero_ps();
-    for (int m = 0; m < MR; ++m) {
-      const int64_t r = m0 + m;
-      const __m512i zw = _mm512_mullo_epi32(_mm512_set1_epi32(a.z[r]), ws);
-      const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(sums[m][j]), zw));
-      __m512 y = _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(a.s[r])), sw);
-      if (w.bias) y = _mm512_add_ps(y, bias);
-      T* o = out.p + r * out.ld + n;
-      if constexpr (ADD) {
-        y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, o));
-        _mm512_mask_storeu_ps(o, mask, y);
-      } else {
-        store_masked(o, y, left);
-      }
-    }
+    const Channels c(w, b0 + j);
+    for (int m = 0; m < MR; ++m) epilogue(a, m0 + m, c, sums[m][j], out);
   }
 }
 #else

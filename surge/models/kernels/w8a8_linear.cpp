@@ -4,7 +4,7 @@
 #include <torch/extension.h>
 #include "cpu_features.h"
 #include <ATen/Parallel.h>
-#include "w8a8_gemm.h"
+#include "amx_gemm.h"
 
 using namespace surge::w8a8;
 
@@ -55,7 +55,7 @@ torch::Tensor w8a8_linear(const torch::Tensor& x_in, const torch::Tensor& packed
     using scalar_t = decltype(t);
     const Out<scalar_t, false> o{out.data_ptr<scalar_t>(), N};
     at::parallel_for(0, panels, 1, [&](int64_t b, int64_t e) {
-      gemm_blocks(a, w, b * per, std::min(w.blocks(), e * per), o);
+      gemm_range(a, w, b * per, std::min(w.blocks(), e * per), o);
     });
   });
   return out;
@@ -72,6 +72,10 @@ TORCH_LIBRARY_IMPL(surge, CPU, m) { m.impl("w8a8_linear", &w8a8_linear); }
 // time, for correctness), but Int8Linear keeps the row-major layout and its faster paths.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("tier") = SURGE_TIER_NAME;  // the tier it was built for (cpu_features.h)
+  // The int8 GEMM's engine for this module's op (amx_gemm.h; surge/models/amx.py sets it).
+  m.def("amx_hardware_ok", &surge::w8a8::hardware_ok);
+  m.def("set_amx", &surge::w8a8::set_amx);
+  m.def("amx_calls", &surge::w8a8::amx_calls);
 #if SURGE_TIER >= SURGE_TIER_AVX512_VNNI
   m.attr("supported") = true;
 #else

@@ -1,0 +1,107 @@
+"""The int8 GEMM on AMX tiles (kernels/amx_gemm.h): the same bits as the VNNI tiles, op by op,
+through the fused stack and through the engine. Run here with the tile operations emulated in
+plain C++ (SURGE_AMX=emulate), so the kernel's indexing (tiles of 16 rows, panel pairs, the
+padding rows, K in steps of 64) is checked on any CPU with AVX-512 VNNI; on a CPU with AMX the
+hardware path is checked against the VNNI tiles at load (its self-check) and below."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from surge import LLM, SamplingParams
+from surge.models import amx
+from surge.models.kernels import load_q4_decode, load_w8a8_linear
+from surge.models.quant import Int8Linear
+from tests.conftest import write_tiny_llama
+
+w8a8 = load_w8a8_linear()
+needs_vnni = pytest.mark.skipif(
+    w8a8 is None or not w8a8.supported or load_q4_decode() is None,
+    reason="the AMX path sits beside the VNNI tiles: needs AVX-512 VNNI and the toolchain",
+)
+
+
+@pytest.fixture(autouse=True)
+def engine_off_after() -> Iterator[None]:
+    yield
+    amx.set_engine("off")
+
+
+def test_the_crossover_is_where_amx_wins_from_then_on() -> None:
+    # (rows, VNNI seconds, AMX seconds)
+    timings = [(16, 1.0, 1.2), (32, 1.0, 0.9), (64, 1.0, 1.0), (128, 2.0, 1.0), (256, 4.0, 1.5)]
+    assert amx.crossover(timings) == 128  # 32 wins, 64 does not: only from 128 on
+    assert amx.crossover([(16, 1.0, 0.5), (32, 1.0, 0.5)]) == 16
+    assert amx.crossover([(16, 1.0, 0.5), (32, 1.0, 1.1)]) is None  # loses at the largest
+    assert amx.crossover([(16, 1.0, 0.97)]) is None  # within the noise margin
+
+
+@needs_vnni
+@pytest.mark.parametrize("k,n,bias", [(576, 960, True), (1536, 576, False), (128, 40, True)])
+def test_the_emulated_tiles_give_the_vnni_bits(k: int, n: int, bias: bool) -> None:
+    torch.manual_seed(k + n)
+    layer = Int8Linear.from_float(nn.Linear(k, n, bias=bias), "int8", kernels=True)
+    assert layer.packed
+    for rows in (1, 15, 16, 17, 31, 32, 33, 100):
+        x = torch.randn(rows, k) * (1 + torch.rand(rows, 1) * 4)
+        assert amx.set_engine("off")
+        want = layer(x)
+        before = amx.calls()
+        assert amx.set_engine("emulated", 16)
+        got = layer(x, torch.float32)
+        assert (amx.calls() > before) == (rows >= 16), rows
+        assert torch.equal(got, want.float()), (rows, (got - want).abs().max().item())
+
+
+@needs_vnni
+def test_a_width_not_in_steps_of_64_stays_on_vnni() -> None:
+    layer = Int8Linear.from_float(nn.Linear(100, 48), "int8", kernels=True)
+    x = torch.randn(40, 100)
+    want = layer(x)
+    assert amx.set_engine("emulated", 16)
+    before = amx.calls()
+    assert torch.equal(layer(x), want)
+    assert amx.calls() == before
+
+
+def test_hardware_is_refused_where_the_cpu_has_none() -> None:
+    if amx.hardware_ok():
+        pytest.skip("this CPU runs AMX")
+    assert not amx.set_engine("hardware")
+    choice = amx.configure(nn.Module(), "auto")
+    assert choice.engine == "off"
+
+
+@needs_vnni
+def test_the_engine_answers_the_same_on_amx_tiles(
+    tmp_path: Path, smollm2_gguf_path: Path
+) -> None:
+    """17 requests at once (prefill chunks of hundreds of rows, decode steps of 17 rows through
+    the fused stack's int8 path): the same tokens and the same logprobs, bit for bit."""
+    shapes = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 64}  # fmt: skip
+    folder = write_tiny_llama(tmp_path / "tiny", smollm2_gguf_path, shapes=shapes)
+    llm = LLM(str(folder), dtype="float32", quantization="q4", max_num_seqs=32,
+              enable_prefix_caching=False)  # fmt: skip
+    assert llm.engine.runner.fused is not None
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 4000, (30 + i,), generator=gen).tolist() for i in range(17)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2)
+
+    def answers() -> list[tuple[list[int], list[float]]]:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs or []])
+                for o in outs]  # fmt: skip
+
+    assert amx.set_engine("off")
+    want = answers()
+    assert amx.set_engine("emulated", 16)
+    before = amx.calls()
+    got = answers()
+    assert amx.calls() > before
+    assert got == want
