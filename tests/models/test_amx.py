@@ -78,9 +78,7 @@ def test_hardware_is_refused_where_the_cpu_has_none() -> None:
 
 
 @needs_vnni
-def test_the_engine_answers_the_same_on_amx_tiles(
-    tmp_path: Path, smollm2_gguf_path: Path
-) -> None:
+def test_the_engine_answers_the_same_on_amx_tiles(tmp_path: Path, smollm2_gguf_path: Path) -> None:
     """17 requests at once (prefill chunks of hundreds of rows, decode steps of 17 rows through
     the fused stack's int8 path): the same tokens and the same logprobs, bit for bit."""
     shapes = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
