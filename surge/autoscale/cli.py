@@ -163,6 +163,7 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
                 args.ray_num_gpus,
                 args.base_port,
                 args.startup_timeout,
+                log_dir=str(log_dir) if args.log_dir else None,  # else each node's temp dir
             )
         )
     else:

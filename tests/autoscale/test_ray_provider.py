@@ -13,7 +13,7 @@ ray = pytest.importorskip("ray")
 
 from surge.autoscale.providers.base import ReplicaState  # noqa: E402
 from surge.autoscale.providers.ray import RayProvider, RayProviderConfig  # noqa: E402
-from tests.servers import free_port  # noqa: E402
+from tests.servers import free_port, log_dir  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -21,9 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def test_a_ray_replica_serves_and_drains(tiny_model_dir: Path) -> None:
     serve_args = ("--model", str(tiny_model_dir), "--dtype", "float32",
                   "--kv-cache-memory-gib", "0.1", "--served-model-name", "test-model")  # fmt: skip
-    config = RayProviderConfig(
-        serve_args, None, num_cpus=1, base_port=free_port(), host="127.0.0.1"
-    )
+    config = RayProviderConfig(serve_args, None, num_cpus=1, base_port=free_port(),
+                               host="127.0.0.1", log_dir=str(log_dir()))  # fmt: skip
     provider = RayProvider(config)
     try:
 

@@ -15,8 +15,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -40,22 +42,28 @@ class RayProviderConfig:
     base_port: int = 8100
     startup_timeout_s: float = 300.0
     host: str | None = None  # the address replicas bind; None: their node's (tests: loopback)
+    log_dir: str | None = None  # where replicas write their logs on their node; None: its temp dir
 
 
 class ReplicaProcess:
     """Runs inside the actor, on the replica's node: one `surge serve` process and its PID."""
 
-    def __init__(self, serve_args: tuple[str, ...], base_port: int, host: str | None) -> None:
+    def __init__(
+        self, serve_args: tuple[str, ...], base_port: int, host: str | None, log_dir: str | None
+    ) -> None:
         self.serve_args = serve_args
         self.base_port = base_port
         self.host = host
+        self.log_dir = log_dir
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> tuple[str, int, str]:
         """(url, pid, log path) of the server it started on this node."""
         host = self.host or ray.util.get_node_ip_address()
         port = self._free_port(host)
-        log_path = f"/tmp/surge-ray-replica-{port}.log"
+        folder = Path(self.log_dir or tempfile.gettempdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        log_path = str(folder / f"surge-ray-replica-{port}.log")
         cmd = [sys.executable, "-m", "surge.cli", "serve", "--host", host, "--port", str(port),
                *self.serve_args]  # fmt: skip
         with open(log_path, "wb") as out:
@@ -107,7 +115,7 @@ class RayProvider:
     async def start(self) -> Replica:
         cfg = self.config
         actor: Any = self._actor_class.options(num_cpus=cfg.num_cpus, num_gpus=cfg.num_gpus).remote(
-            cfg.serve_args, cfg.base_port, cfg.host
+            cfg.serve_args, cfg.base_port, cfg.host, cfg.log_dir
         )
         try:
             url, pid, log_path = await actor.start.remote()
