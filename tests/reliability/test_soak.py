@@ -1,6 +1,7 @@
 """Promise: memory stays bounded. The short soak (benchmarks/soak.py) with the tiny model: a
-realistic mix at ~70% of the measured capacity for SURGE_SOAK_MINUTES (default 1, to keep the
-suite within 15 minutes; the issue asks 5, the 60-minute run is a manual benchmark), sampled;
+realistic mix at ~70% of the measured capacity for SURGE_SOAK_MINUTES (default 0.5, sampled
+every 7.5 s: the same four load samples as a minute at 15 s, to keep the suite within 15
+minutes; the issue asks 5, the 60-minute run is a manual benchmark), sampled;
 no RSS growth trend beyond the KV pool, fds and threads flat between idle before and idle
 after, KV back to zero at idle, p99 flat, no request failed but the cancelled ones."""
 
@@ -18,11 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_short_soak_passes_its_criteria(tiny_model_dir: Path, tmp_path: Path) -> None:
-    minutes = float(os.environ.get("SURGE_SOAK_MINUTES", "1"))
+    minutes = float(os.environ.get("SURGE_SOAK_MINUTES", "0.5"))
+    interval_s = min(15.0, minutes * 15)  # four samples under load at least
     out = tmp_path / "soak"
     cmd = [
         sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--model", str(tiny_model_dir),
-        "--port", str(free_port()), "--minutes", str(minutes), "--interval-s", "15",
+        "--port", str(free_port()), "--minutes", str(minutes), "--interval-s", str(interval_s),
         "--capacity-s", "10", "--capacity-concurrency", "8", "--max-tokens", "32",
         "--kv-cache-memory-gib", "0.25", "--serve-arg=--dtype", "--serve-arg=float32",
         "--p99-ratio", "3", "--out", str(out),
