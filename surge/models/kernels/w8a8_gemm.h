@@ -145,9 +145,12 @@ __attribute__((always_inline)) inline void epilogue(const QuantRows& a, int64_t 
   }
 }
 
-// Rows m0 .. m0 + MR - 1 against blocks b0 .. b0 + NV - 1.
+// Rows m0 .. m0 + MR - 1 against blocks b0 .. b0 + NV - 1. Never inlined: inlined into
+// gemm_panels, GCC kept some instances' accumulators on the stack (a load and a store around
+// every vpdpbusd: 3 rows x 4 blocks took 1.5x the time of 4 x 4).
 template <int MR, int NV, typename T, bool ADD>
-inline void tile(const QuantRows& a, int64_t m0, const Weights& w, int64_t b0, Out<T, ADD> out) {
+__attribute__((noinline)) void tile(const QuantRows& a, int64_t m0, const Weights& w, int64_t b0,
+                                    Out<T, ADD> out) {
   const int64_t K4 = a.Kp / 4;
   const int8_t* wb = w.packed + b0 * K4 * 64;
   const uint8_t* am = a.q.data() + m0 * a.Kp;
@@ -156,19 +159,19 @@ inline void tile(const QuantRows& a, int64_t m0, const Weights& w, int64_t b0, O
   __m512i acc[MR][NV];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) acc[m][j] = _mm512_setzero_si512();
   const int64_t lda = a.Kp;
   for (int64_t k4 = 0; k4 < K4; ++k4) {
     __m512i wv[NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) wv[j] = _mm512_loadu_si512(wb + (j * K4 + k4) * 64);
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m) {
       int32_t four;
       std::memcpy(&four, am + m * lda + k4 * 4, 4);
       const __m512i x = _mm512_set1_epi32(four);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int j = 0; j < NV; ++j) SURGE_DPBUSD(acc[m][j], x, wv[j]);
     }
   }
@@ -177,7 +180,7 @@ inline void tile(const QuantRows& a, int64_t m0, const Weights& w, int64_t b0, O
   alignas(64) int32_t sums[MR][NV][kCols];
 #pragma GCC unroll 8
   for (int m = 0; m < MR; ++m)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int j = 0; j < NV; ++j) _mm512_store_si512(sums[m][j], acc[m][j]);
   for (int j = 0; j < NV; ++j) {
     const Channels c(w, b0 + j);
