@@ -42,8 +42,12 @@ def test_the_crossover_is_where_amx_wins_from_then_on() -> None:
 
 
 @needs_vnni
+@pytest.mark.parametrize("engine", ["emulated", "hardware"])
 @pytest.mark.parametrize("k,n,bias", [(576, 960, True), (1536, 576, False), (128, 40, True)])
-def test_the_emulated_tiles_give_the_vnni_bits(k: int, n: int, bias: bool) -> None:
+def test_the_amx_tiles_give_the_vnni_bits(k: int, n: int, bias: bool, engine: str) -> None:
+    """Emulated everywhere; the AMX instructions themselves where the CPU has them."""
+    if engine == "hardware" and not amx.hardware_ok():
+        pytest.skip("no usable AMX on this CPU")
     torch.manual_seed(k + n)
     layer = Int8Linear.from_float(nn.Linear(k, n, bias=bias), "int8", kernels=True)
     assert layer.packed
@@ -52,7 +56,7 @@ def test_the_emulated_tiles_give_the_vnni_bits(k: int, n: int, bias: bool) -> No
         assert amx.set_engine("off")
         want = layer(x)
         before = amx.calls()
-        assert amx.set_engine("emulated", 16)
+        assert amx.set_engine(engine, 16)
         got = layer(x, torch.float32)
         assert (amx.calls() > before) == (rows >= 16), rows
         assert torch.equal(got, want.float()), (rows, (got - want).abs().max().item())
@@ -78,9 +82,14 @@ def test_hardware_is_refused_where_the_cpu_has_none() -> None:
 
 
 @needs_vnni
-def test_the_engine_answers_the_same_on_amx_tiles(tmp_path: Path, smollm2_gguf_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["emulated", "hardware"])
+def test_the_engine_answers_the_same_on_amx_tiles(
+    tmp_path: Path, smollm2_gguf_path: Path, engine: str
+) -> None:
     """17 requests at once (prefill chunks of hundreds of rows, decode steps of 17 rows through
     the fused stack's int8 path): the same tokens and the same logprobs, bit for bit."""
+    if engine == "hardware" and not amx.hardware_ok():
+        pytest.skip("no usable AMX on this CPU")
     shapes = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
               "num_key_value_heads": 1, "head_dim": 64}  # fmt: skip
     folder = write_tiny_llama(tmp_path / "tiny", smollm2_gguf_path, shapes=shapes)
@@ -98,7 +107,7 @@ def test_the_engine_answers_the_same_on_amx_tiles(tmp_path: Path, smollm2_gguf_p
 
     assert amx.set_engine("off")
     want = answers()
-    assert amx.set_engine("emulated", 16)
+    assert amx.set_engine(engine, 16)
     before = amx.calls()
     got = answers()
     assert amx.calls() > before
