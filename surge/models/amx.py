@@ -31,7 +31,8 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from surge.models.kernels import load_q4_decode, load_w8a8_linear
+from surge.models import kernels
+from surge.models.kernels import load_w8a8_linear
 from surge.models.quant import Int8Linear
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,11 @@ def crossover(
 
 
 def _modules() -> list[ModuleType]:
-    return [
-        m for m in (load_w8a8_linear(), load_q4_decode()) if m is not None and hasattr(m, "set_amx")
-    ]
+    """The loaded kernel modules with the GEMM (one not loaded yet takes the setting as it
+    loads: kernels.amx_setting), the packed GEMM's own first: loading it is how a process
+    learns whether it has the kernels at all."""
+    loaded = [load_w8a8_linear()] + [m for n, m in kernels._cache.items() if n != "w8a8_linear"]
+    return [m for m in loaded if m is not None and hasattr(m, "set_amx")]
 
 
 def hardware_ok() -> bool:
@@ -93,7 +96,8 @@ def set_engine(engine: str, min_rows: int = 16) -> bool:
         return engine == "off"
     if engine == "hardware" and not hardware_ok():
         return False
-    return all([m.set_amx(_ENGINES[engine], max(1, min_rows)) for m in modules])
+    kernels.amx_setting = (_ENGINES[engine], max(1, min_rows))
+    return all([m.set_amx(*kernels.amx_setting) for m in modules])
 
 
 def _projections(model: nn.Module) -> list[Int8Linear]:

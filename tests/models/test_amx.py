@@ -6,6 +6,9 @@ hardware path is checked against the VNNI tiles at load (its self-check) and bel
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,3 +115,27 @@ def test_the_engine_answers_the_same_on_amx_tiles(
     got = answers()
     assert amx.calls() > before
     assert got == want
+
+
+@needs_vnni
+def test_surge_amx_reaches_the_fused_stack(tmp_path: Path, smollm2_gguf_path: Path) -> None:
+    """SURGE_AMX in a fresh process (no kernel module loaded before the engine starts): the
+    fused stack's own module runs the AMX kernel for a 40-row prefill."""
+    shapes = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 64}  # fmt: skip
+    folder = write_tiny_llama(tmp_path / "tiny", smollm2_gguf_path, shapes=shapes)
+    script = (
+        "import sys\n"
+        "from surge import LLM, SamplingParams\n"
+        "from surge.models.kernels import load_q4_decode\n"
+        "llm = LLM(sys.argv[1], dtype='float32', quantization='q4', enable_prefix_caching=False)\n"
+        "assert llm.engine.runner.fused is not None\n"
+        "before = load_q4_decode().amx_calls()\n"
+        "llm.generate([[5] * 40], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)\n"
+        "print(load_q4_decode().amx_calls() - before)\n"
+    )
+    env = dict(os.environ, SURGE_AMX="emulate")
+    run = subprocess.run([sys.executable, "-c", script, str(folder)], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert int(run.stdout.strip().splitlines()[-1]) > 0  # the 40-row prefill on AMX's kernel

@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 _cache: dict[str, ModuleType | None] = {}
+# The int8 GEMM's engine and its fewest rows (set_amx's arguments; surge/models/amx.py chooses
+# them), applied to every module that has one as it loads: a module loaded after the choice
+# (the fused stack's, built later than the model) gets it too.
+amx_setting: tuple[int, int] = (0, 16)
 # Every kernel module, by its source's name (`python -m surge.models.kernels` builds them all).
 KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode", "w8a8_linear", "token_mask")
 # The -march of each tier (cpu_features.h works the tier out from the macros these set): native
@@ -126,6 +130,8 @@ def _load(name: str, build_dir: Path | None) -> ModuleType | None:
     except Exception as e:  # any build problem: use the torch fallback
         log.warning("compiled kernel %s unavailable, using torch ops: %s", name, e)
     _cache[name] = module
+    if module is not None and hasattr(module, "set_amx"):
+        module.set_amx(*amx_setting)
     if module is not None:
         _register_fakes()
         took = time.perf_counter() - t0
