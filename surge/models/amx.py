@@ -26,7 +26,6 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 from torch import nn
@@ -47,8 +46,7 @@ MIN_GAIN = 1.05  # AMX must be this much faster at a row count to take it (timin
 class AmxChoice:
     engine: str  # "off", "hardware" or "emulated"
     min_rows: int  # steps of this many rows or more take AMX (engine not off)
-    reason: str
-    timings: tuple[tuple[int, float, float], ...] = ()  # (rows, VNNI ms, AMX ms)
+    reason: str  # with the measured times where it measured
 
     def describe(self) -> str:
         if self.engine == "off":
@@ -69,35 +67,21 @@ def crossover(
     return best
 
 
-def _modules() -> list[ModuleType]:
-    """The loaded kernel modules with the GEMM (one not loaded yet takes the setting as it
-    loads: kernels.amx_setting), the packed GEMM's own first: loading it is how a process
-    learns whether it has the kernels at all."""
-    loaded = [load_w8a8_linear()] + [m for n, m in kernels._cache.items() if n != "w8a8_linear"]
-    return [m for m in loaded if m is not None and hasattr(m, "set_amx")]
-
-
 def hardware_ok() -> bool:
     """The CPU has AMX, Linux grants this process the tile state, and the self-check passed."""
-    modules = _modules()
-    return bool(modules) and bool(modules[0].amx_hardware_ok())
+    module = load_w8a8_linear()
+    return module is not None and bool(module.amx_hardware_ok())
 
 
 def calls() -> int:
     """Thread-calls of the AMX kernel so far, both modules together (0 where it never ran)."""
-    return sum(int(m.amx_calls()) for m in _modules())
+    return sum(int(m.amx_calls()) for m in kernels.amx_modules())
 
 
 def set_engine(engine: str, min_rows: int = 16) -> bool:
-    """Sets the engine in every loaded kernel module; False where the hardware is asked for and
-    absent (nothing changed then)."""
-    modules = _modules()
-    if not modules:
-        return engine == "off"
-    if engine == "hardware" and not hardware_ok():
-        return False
-    kernels.amx_setting = (_ENGINES[engine], max(1, min_rows))
-    return all([m.set_amx(*kernels.amx_setting) for m in modules])
+    """Sets the engine in every kernel module, loaded or to come; False where the hardware is
+    asked for and absent (nothing changed then)."""
+    return kernels.set_amx(_ENGINES[engine], max(1, min_rows))
 
 
 def _projections(model: nn.Module) -> list[Int8Linear]:
@@ -151,11 +135,10 @@ def configure(model: nn.Module, mode: str | None = None) -> AmxChoice:
 def _choose(model: nn.Module, mode: str) -> AmxChoice:
     if mode == "off":
         return AmxChoice("off", 0, "SURGE_AMX=off")
-    if not _modules():
+    if not kernels.amx_modules():
         return AmxChoice("off", 0, "no compiled kernels")
     if mode == "emulate":
-        min_rows = int(os.environ.get("SURGE_AMX_MIN_ROWS", "16"))
-        return AmxChoice("emulated", min_rows, "SURGE_AMX=emulate")
+        return AmxChoice("emulated", 16, "SURGE_AMX=emulate")
     if not hardware_ok():
         return AmxChoice("off", 0, "no usable AMX on this CPU")
     if mode == "on":
@@ -165,8 +148,7 @@ def _choose(model: nn.Module, mode: str) -> AmxChoice:
         return AmxChoice("off", 0, "no packed int8 layers to run on it")
     timings = measure(projections)
     from_rows = crossover(timings)
-    ms = tuple((m, v * 1e3, a * 1e3) for m, v, a in timings)
-    summary = ", ".join(f"{m}: {v:.2f}/{a:.2f} ms" for m, v, a in ms)
+    summary = ", ".join(f"{m}: {v * 1e3:.2f}/{a * 1e3:.2f} ms" for m, v, a in timings)
     if from_rows is None:
-        return AmxChoice("off", 0, f"AMX measured slower, VNNI/AMX {summary}", ms)
-    return AmxChoice("hardware", from_rows, f"measured, VNNI/AMX {summary}", ms)
+        return AmxChoice("off", 0, f"AMX measured slower, VNNI/AMX {summary}")
+    return AmxChoice("hardware", from_rows, f"measured, VNNI/AMX {summary}")

@@ -29,6 +29,15 @@ needs_vnni = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(scope="module")
+def tiny_q4_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf_path: Path) -> Path:
+    """A tiny random Llama whose widths all suit the 4-bit layout and the fused stack (head
+    size 64): its steps run through the stack's int8 path."""
+    shapes = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "head_dim": 64}  # fmt: skip
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-q4"), smollm2_gguf_path, shapes=shapes)
+
+
 @pytest.fixture(autouse=True)
 def engine_off_after() -> Iterator[None]:
     yield
@@ -86,17 +95,12 @@ def test_hardware_is_refused_where_the_cpu_has_none() -> None:
 
 @needs_vnni
 @pytest.mark.parametrize("engine", ["emulated", "hardware"])
-def test_the_engine_answers_the_same_on_amx_tiles(
-    tmp_path: Path, smollm2_gguf_path: Path, engine: str
-) -> None:
+def test_the_engine_answers_the_same_on_amx_tiles(tiny_q4_dir: Path, engine: str) -> None:
     """17 requests at once (prefill chunks of hundreds of rows, decode steps of 17 rows through
     the fused stack's int8 path): the same tokens and the same logprobs, bit for bit."""
     if engine == "hardware" and not amx.hardware_ok():
         pytest.skip("no usable AMX on this CPU")
-    shapes = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
-              "num_key_value_heads": 1, "head_dim": 64}  # fmt: skip
-    folder = write_tiny_llama(tmp_path / "tiny", smollm2_gguf_path, shapes=shapes)
-    llm = LLM(str(folder), dtype="float32", quantization="q4", max_num_seqs=32,
+    llm = LLM(str(tiny_q4_dir), dtype="float32", quantization="q4", max_num_seqs=32,
               enable_prefix_caching=False)  # fmt: skip
     assert llm.engine.runner.fused is not None
     gen = torch.Generator().manual_seed(3)
@@ -118,12 +122,9 @@ def test_the_engine_answers_the_same_on_amx_tiles(
 
 
 @needs_vnni
-def test_surge_amx_reaches_the_fused_stack(tmp_path: Path, smollm2_gguf_path: Path) -> None:
+def test_surge_amx_reaches_the_fused_stack(tiny_q4_dir: Path) -> None:
     """SURGE_AMX in a fresh process (no kernel module loaded before the engine starts): the
     fused stack's own module runs the AMX kernel for a 40-row prefill."""
-    shapes = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 2,
-              "num_key_value_heads": 1, "head_dim": 64}  # fmt: skip
-    folder = write_tiny_llama(tmp_path / "tiny", smollm2_gguf_path, shapes=shapes)
     script = (
         "import sys\n"
         "from surge import LLM, SamplingParams\n"
@@ -135,7 +136,7 @@ def test_surge_amx_reaches_the_fused_stack(tmp_path: Path, smollm2_gguf_path: Pa
         "print(load_q4_decode().amx_calls() - before)\n"
     )
     env = dict(os.environ, SURGE_AMX="emulate")
-    run = subprocess.run([sys.executable, "-c", script, str(folder)], env=env,
+    run = subprocess.run([sys.executable, "-c", script, str(tiny_q4_dir)], env=env,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert int(run.stdout.strip().splitlines()[-1]) > 0  # the 40-row prefill on AMX's kernel

@@ -30,7 +30,7 @@ _cache: dict[str, ModuleType | None] = {}
 # The int8 GEMM's engine and its fewest rows (set_amx's arguments; surge/models/amx.py chooses
 # them), applied to every module that has one as it loads: a module loaded after the choice
 # (the fused stack's, built later than the model) gets it too.
-amx_setting: tuple[int, int] = (0, 16)
+_amx_setting: tuple[int, int] = (0, 16)
 # Every kernel module, by its source's name (`python -m surge.models.kernels` builds them all).
 KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode", "w8a8_linear", "token_mask")
 # The -march of each tier (cpu_features.h works the tier out from the macros these set): native
@@ -131,13 +131,34 @@ def _load(name: str, build_dir: Path | None) -> ModuleType | None:
         log.warning("compiled kernel %s unavailable, using torch ops: %s", name, e)
     _cache[name] = module
     if module is not None and hasattr(module, "set_amx"):
-        module.set_amx(*amx_setting)
+        module.set_amx(*_amx_setting)
     if module is not None:
         _register_fakes()
         took = time.perf_counter() - t0
         if took > 2.0:  # a build, not a load: say so, or it reads as the model's load time
             log.info("compiled kernel %s built in %.1f s (kept in %s)", name, took, build.parent)
     return module
+
+
+def amx_modules() -> list[ModuleType]:
+    """The loaded modules that hold an int8 GEMM engine (amx_gemm.h), the packed GEMM's first:
+    loading it is how a process learns whether it has the kernels at all."""
+    loaded = [load_w8a8_linear()] + [m for n, m in _cache.items() if n != "w8a8_linear"]
+    return [m for m in loaded if m is not None and hasattr(m, "set_amx")]
+
+
+def set_amx(mode: int, min_rows: int) -> bool:
+    """The int8 GEMM's engine (0 VNNI, 1 AMX, 2 AMX emulated) from `min_rows` rows, in every
+    loaded module and in those loaded later; False (nothing changed) where a module refuses it
+    (the hardware asked for where it fails its self-check)."""
+    global _amx_setting
+    modules = amx_modules()
+    if not modules:
+        return mode == 0
+    if mode == 1 and not modules[0].amx_hardware_ok():
+        return False
+    _amx_setting = (mode, min_rows)
+    return all([m.set_amx(mode, min_rows) for m in modules])
 
 
 def load_paged_decode(build_dir: Path | None = None) -> ModuleType | None:
