@@ -19,15 +19,36 @@ mkdir -p "$OUT"
 WORK="${LLAMACPP_WORK:-/tmp/surge-llamacpp}"
 PY="$PWD/.venv/bin/python"
 mkdir -p "$WORK"
+# The CPU's own instructions (GGML_NATIVE), except where it has AMX: there llama.cpp's AMX
+# kernel (tinygemm_kernel_amx) died with SIGILL on a Xeon VM, so the build names its
+# instructions instead: AVX-512 with VNNI/BF16/VBMI where the CPU has them, AMX off.
+isa() { grep -m1 '^flags' /proc/cpuinfo | grep -qw "$1"; }
+if isa amx_tile; then
+  GGML_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  for f in avx512_vnni avx512_bf16 avx512_vbmi; do
+    isa $f && GGML_FLAGS="$GGML_FLAGS -DGGML_$(echo $f | tr a-z A-Z)=ON"
+  done
+else
+  GGML_FLAGS="-DGGML_NATIVE=ON"
+fi
+# A build made on another CPU (or with other flags) is made again.
+if [ "$(cat "$WORK/build/surge-ggml-flags" 2>/dev/null)" != "$GGML_FLAGS $(grep -m1 'model name' /proc/cpuinfo)" ]; then
+  rm -rf "$WORK/build"
+fi
 if [ ! -x "$WORK/build/bin/llama-server" ]; then
-  (cd "$WORK" && $PY -m pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d . -q)
-  tar xzf "$WORK"/llama_cpp_python-0.3.36.tar.gz -C "$WORK"
+  [ -d "$WORK/llama_cpp_python-0.3.36" ] || {
+    (cd "$WORK" && $PY -m pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d . -q)
+    tar xzf "$WORK"/llama_cpp_python-0.3.36.tar.gz -C "$WORK"
+  }
   SRC="$WORK/llama_cpp_python-0.3.36/vendor/llama.cpp"
+  # shellcheck disable=SC2086  # GGML_FLAGS: several arguments
   cmake -S "$SRC" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_USE_PREBUILT_UI=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF $GGML_FLAGS -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF > "$WORK/cmake.log"
   cmake --build "$WORK/build" --target llama-server llama-quantize -j "$(nproc)" > "$WORK/build.log"
+  echo "$GGML_FLAGS $(grep -m1 'model name' /proc/cpuinfo)" > "$WORK/build/surge-ggml-flags"
 fi
+echo "llama.cpp build: $GGML_FLAGS" >&2
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0
 GGUF="$($PY -c "from surge.models.resolve import resolve_model; print(resolve_model('smollm2-135m'))")"
 TOK="$WORK/tokenizer.json"

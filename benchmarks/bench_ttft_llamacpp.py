@@ -4,7 +4,7 @@
         [--rounds 3] [--streams 64] [--work /tmp/surge-llamacpp] [-- extra surge serve flags]
 
 llama.cpp is built and its Q4_0 model made as benchmarks/bench_llamacpp.sh does (that script
-with BUILD_ONLY=1 builds it; this one runs it if the binary is missing), and run at its
+with BUILD_ONLY=1 builds it, for this CPU; this one runs that first), and run at its
 strongest for each part: one KV cache per slot (--no-kv-unified), as many slots as concurrent
 requests, its prompt cache on (a slot keeps its last prompt's K/V and the server sends a request
 to the slot with the longest common prefix). Both serve the same GGUF (SmolLM2-135M-Instruct).
@@ -124,9 +124,10 @@ def main() -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     levels = [int(x) for x in args.concurrency.split(",")]
     work = args.work
-    if not (work / "build/bin/llama-server").exists():
-        env = {**os.environ, "BUILD_ONLY": "1", "LLAMACPP_WORK": str(work)}
-        subprocess.run(["bash", "benchmarks/bench_llamacpp.sh"], check=True, cwd=ROOT, env=env)
+    # Builds llama.cpp where it is missing or was built for another CPU (else a no-op), and
+    # prints the build's flags: on an AMX CPU, AVX-512 without AMX (see that script).
+    env = {**os.environ, "BUILD_ONLY": "1", "LLAMACPP_WORK": str(work)}
+    subprocess.run(["bash", "benchmarks/bench_llamacpp.sh"], check=True, cwd=ROOT, env=env)
     from surge.models.resolve import resolve_model
 
     gguf = Path(resolve_model("smollm2-135m"))
