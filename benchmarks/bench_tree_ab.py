@@ -2,6 +2,7 @@
 
     python benchmarks/bench_tree_ab.py --against /path/to/other/checkout [--requests 64]
         [--rounds 12] [--steps 40] [--context 100] [--quantization auto]
+    python benchmarks/bench_tree_ab.py --against ... --prefill 1024 [--rounds 8] [--steps 3]
 
 Two worker processes, one importing `surge` from this checkout and one from `--against`, each
 load the model and decode `--requests` requests of `--context` prompt tokens. The driver then
@@ -9,6 +10,10 @@ alternates: it asks one worker for `--steps` engine steps, then the other, for `
 only one worker runs at a time, so both see the same machine and the drift between minutes
 falls on both alike. Each round's figure is the median step time of its steps. The workers use
 only `LLM`, `engine.add_request` and `engine.step`, which every tree since the engine began has.
+
+--prefill N: instead of decode steps, the time from adding a fresh N-token prompt (a distinct
+start: no prefix-cache hit) to its first token, in the engine's own steps; `--steps` prompts a
+round, the median of them.
 """
 
 from __future__ import annotations
@@ -28,7 +33,25 @@ from surge.engine.outputs import EngineCoreRequest
 args = json.loads(sys.argv[1])
 llm = LLM(args["model"], quantization=args["quantization"], max_num_seqs=max(args["requests"], 4))
 text = "Large language models are served to many users at once by batching requests. " * (
-    1 + args["context"] // 12)
+    1 + max(args["context"], args["prefill"]) // 12)
+if args["prefill"]:
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    k = 0
+    def first_token():
+        global k
+        k += 1
+        ids = llm.tokenizer.encode(f"prompt {k}: {text}")[: args["prefill"]]
+        t = time.perf_counter()
+        llm.engine.add_request(EngineCoreRequest(f"p{k}", ids, one))
+        while llm.engine.has_work():
+            llm.engine.step()
+        return time.perf_counter() - t
+    first_token()  # warm-up
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        times = [first_token() for _ in range(int(line))]
+        print(json.dumps({"median_ms": statistics.median(times) * 1e3}), flush=True)
+    sys.exit(0)
 params = SamplingParams(temperature=0.0, max_tokens=1_000_000, ignore_eos=True)
 for i in range(args["requests"]):
     ids = llm.tokenizer.encode(f"{i}: {text}")[: args["context"]]
@@ -51,7 +74,7 @@ for line in sys.stdin:
 
 def start(tree: Path, args: argparse.Namespace) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    spec = {k: getattr(args, k) for k in ("model", "quantization", "requests", "context")}
+    spec = {k: getattr(args, k) for k in ("model", "quantization", "requests", "context", "prefill")}
     proc = subprocess.Popen(
         [sys.executable, "-c", WORKER, json.dumps(spec)],
         cwd=tree,
@@ -80,6 +103,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--context", type=int, default=100)
+    ap.add_argument("--prefill", type=int, default=0, help="time N-token prefills instead")
     args = ap.parse_args()
     trees = {"this": Path(__file__).resolve().parents[1], "against": args.against.resolve()}
     # One at a time: a worker's load (and kernel build) must not overlap the other's.
@@ -94,9 +118,12 @@ def main() -> None:
         for proc in workers.values():
             proc.stdin.close()
             proc.wait(timeout=60)
-    print(f"{args.requests} requests, {args.quantization}, median ms a step per round:")
+    if args.prefill:
+        print(f"{args.prefill}-token prefill to the first token, {args.quantization}, ms per round:")
+    else:
+        print(f"{args.requests} requests, {args.quantization}, median ms a step per round:")
     for name, ms in rounds.items():
-        tok_s = args.requests * 1000 / statistics.median(ms)
+        tok_s = (args.prefill or args.requests) * 1000 / statistics.median(ms)
         print(
             f"  {name:8s} {trees[name]}: "
             + " ".join(f"{x:.2f}" for x in ms)
@@ -104,9 +131,8 @@ def main() -> None:
         )
     wins = sum(a < b for a, b in zip(rounds["this"], rounds["against"], strict=True))
     ratio = statistics.median(rounds["against"]) / statistics.median(rounds["this"])
-    print(
-        f"this tree faster in {wins}/{args.rounds} rounds; step-time ratio against/this {ratio:.3f}"
-    )
+    what = "time" if args.prefill else "step-time"
+    print(f"this tree faster in {wins}/{args.rounds} rounds; {what} ratio against/this {ratio:.3f}")
 
 
 if __name__ == "__main__":

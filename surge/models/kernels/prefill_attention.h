@@ -128,7 +128,13 @@ inline void values_row(const uint16_t* p, int64_t padded, int64_t len, const uin
   const int64_t pairs = (len + 1) / 2;
   for (int64_t kp = 0; kp < pairs; ++kp) {
     __m512i v[V];
-    for (int i = 0; i < V; ++i) v[i] = _mm512_loadu_si512(vp + kp * HD + i * 16);
+    // Held in registers for all GC heads: without the empty asm GCC reloaded each value
+    // vector from memory for every head (12 loads a key pair, not 4, at GC = 3).
+    for (int i = 0; i < V; ++i) {
+      __m512i x = _mm512_loadu_si512(vp + kp * HD + i * 16);
+      asm("" : "+v"(x));
+      v[i] = x;
+    }
     for (int g = 0; g < GC; ++g) {
       uint32_t pair;
       std::memcpy(&pair, p + g * padded + 2 * kp, sizeof(pair));
@@ -140,6 +146,47 @@ inline void values_row(const uint16_t* p, int64_t padded, int64_t len, const uin
     const __m512 w = _mm512_set1_ps(inv[g]);
     for (int i = 0; i < V; ++i) _mm512_storeu_ps(out + g * HD + i * 16, _mm512_mul_ps(acc[g][i], w));
   }
+}
+
+// values_row for two rows at once (RC rows x GC heads of accumulators in registers): each key
+// pair's value vectors, loaded from L2 once, serve both rows, halving that traffic. The pairs
+// run to the longer row's length; the shorter row's weights are zero past its own (TileScratch
+// p), and adding a zero product leaves a float32 sum as it was, so each row's result has the
+// same bits as values_row's.
+template <int HD, int GC>
+inline void values_rows2(const uint16_t* p0, const uint16_t* p1, int64_t padded, int64_t len,
+                         const uint32_t* vp, const float* inv0, const float* inv1, float* out0,
+                         float* out1) {
+  constexpr int V = HD / 16;
+  static_assert(2 * GC * V + V + 1 <= 32, "accumulators, values and a broadcast in registers");
+  __m512 acc[2][GC][V];
+  for (int r = 0; r < 2; ++r)
+    for (int g = 0; g < GC; ++g)
+      for (int i = 0; i < V; ++i) acc[r][g][i] = _mm512_setzero_ps();
+  const int64_t pairs = (len + 1) / 2;
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    __m512i v[V];
+    for (int i = 0; i < V; ++i) {
+      __m512i x = _mm512_loadu_si512(vp + kp * HD + i * 16);
+      asm("" : "+v"(x));  // in a register for all 2 x GC uses (see values_row)
+      v[i] = x;
+    }
+    for (int r = 0; r < 2; ++r) {
+      const uint16_t* p = r ? p1 : p0;
+      for (int g = 0; g < GC; ++g) {
+        uint32_t pair;
+        std::memcpy(&pair, p + g * padded + 2 * kp, sizeof(pair));
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pair));
+        for (int i = 0; i < V; ++i) acc[r][g][i] = _mm512_dpbf16_ps(acc[r][g][i], a, (__m512bh)v[i]);
+      }
+    }
+  }
+  for (int r = 0; r < 2; ++r)
+    for (int g = 0; g < GC; ++g) {
+      const __m512 w = _mm512_set1_ps((r ? inv1 : inv0)[g]);
+      float* out = r ? out1 : out0;
+      for (int i = 0; i < V; ++i) _mm512_storeu_ps(out + g * HD + i * 16, _mm512_mul_ps(acc[r][g][i], w));
+    }
 }
 
 // One tile: R rows of a request, row r with G query heads at q + r * q_stride (float32, head
@@ -176,7 +223,29 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
     int64_t len = 0;
     for (int64_t v = v0; v < std::min(nv, v0 + kQ); ++v) len = std::max(len, lens[v / G]);
     const uint32_t* qw = reinterpret_cast<const uint32_t*>(s.q.data() + v0 * HD);
-    for (int64_t t0 = 0; t0 < len; t0 += kKeys) {
+    int64_t t0 = 0;
+    // Two key groups at a time: each broadcast query pair feeds two vdpbf16ps, not one
+    // (16 accumulators, 2 key registers, 1 broadcast). Per score the same products in the same
+    // order as the one-group loop below, so the same bits.
+    for (; t0 + kKeys < len; t0 += 2 * kKeys) {
+      const uint32_t* kg = kp + (t0 / kKeys) * kGroupWords<HD>;
+      __m512 acc[kQ], acc2[kQ];
+      for (int b = 0; b < kQ; ++b) acc[b] = acc2[b] = _mm512_setzero_ps();
+      for (int64_t dp = 0; dp < HD / 2; ++dp) {
+        const __m512bh k = (__m512bh)_mm512_loadu_si512(kg + dp * kKeys);
+        const __m512bh k2 = (__m512bh)_mm512_loadu_si512(kg + kGroupWords<HD> + dp * kKeys);
+        for (int b = 0; b < kQ; ++b) {
+          const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(qw[b * HD / 2 + dp]));
+          acc[b] = _mm512_dpbf16_ps(acc[b], a, k);
+          acc2[b] = _mm512_dpbf16_ps(acc2[b], a, k2);
+        }
+      }
+      for (int b = 0; b < kQ; ++b) {
+        _mm512_storeu_ps(s.scores.data() + (v0 + b) * padded + t0, acc[b]);
+        _mm512_storeu_ps(s.scores.data() + (v0 + b) * padded + t0 + kKeys, acc2[b]);
+      }
+    }
+    for (; t0 < len; t0 += kKeys) {
       const uint32_t* kg = kp + (t0 / kKeys) * kGroupWords<HD>;
       __m512 acc[kQ];
       for (int b = 0; b < kQ; ++b) acc[b] = _mm512_setzero_ps();
@@ -217,7 +286,22 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
   // Values: one row's heads at a time (their accumulators in registers), each key pair's
   // values loaded once for all of them.
   constexpr int64_t kGC = HD == 64 ? 4 : 2;
-  for (int64_t r = 0; r < R; ++r) {
+  int64_t r = 0;
+  if constexpr (HD == 64) {
+    // Two rows at a time where a row's heads fit twice in registers (SmolLM2: 3 heads a KV head).
+    for (; r + 1 < R && G <= 3; r += 2) {
+      const int64_t v = r * G, len = std::max(lens[r], lens[r + 1]);
+      const uint16_t* p = s.p.data() + v * padded;
+      const float* inv = s.inv.data() + v;
+      float* o = out + r * out_stride;
+      switch (G) {
+        case 1: values_rows2<HD, 1>(p, p + padded, padded, len, vp, inv, inv + 1, o, o + out_stride); break;
+        case 2: values_rows2<HD, 2>(p, p + 2 * padded, padded, len, vp, inv, inv + 2, o, o + out_stride); break;
+        case 3: values_rows2<HD, 3>(p, p + 3 * padded, padded, len, vp, inv, inv + 3, o, o + out_stride); break;
+      }
+    }
+  }
+  for (; r < R; ++r) {
     for (int64_t g0 = 0; g0 < G; g0 += kGC) {
       const int64_t v = r * G + g0, gc = std::min(kGC, G - g0);
       const uint16_t* p = s.p.data() + v * padded;
