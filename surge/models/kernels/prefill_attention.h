@@ -21,6 +21,12 @@
 // query, its length and the keys (16-key groups from key 0, key pairs from key 0), never on
 // which other rows share its tile or chunk, so chunking and batching leave it unchanged
 // (batch-invariant mode keeps its guarantee).
+//
+// Without AVX-512 BF16 (Skylake/Cascade Lake/Ice Lake Xeons, or the avx512 kernel tier) the same
+// tiles run in float32 with FMAs: keys packed as [HD][16] floats, values as [key][HD] floats,
+// ~8 FMAs per pair where the row-at-a-time kernel there spends ~13 ops and horizontal sums;
+// queries and probabilities stay float32 (as that kernel keeps them), so only the order of
+// the sums differs from it.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -30,7 +36,7 @@
 #include "cpu_features.h"
 #include "decode_attention.h"
 
-#if defined(SURGE_HAS_AVX512_BF16)
+#if SURGE_TIER >= SURGE_TIER_AVX512
 #define SURGE_HAS_TILED_PREFILL 1
 
 namespace surge::prefill {
@@ -38,10 +44,18 @@ namespace surge::prefill {
 constexpr int64_t kKeys = 16;  // keys per packed group
 constexpr int64_t kQ = 8;      // query vectors scored at once (8 accumulators + 1 key register)
 
+#if defined(SURGE_HAS_AVX512_BF16)
 // 32-bit words a packed group takes, keys and values alike: 16 keys x HD/2 pairs of dimensions,
 // or 8 key pairs x HD dimensions.
 template <int HD>
 constexpr int64_t kGroupWords = kKeys * HD / 2;
+using Elem = uint16_t;  // queries and probabilities: bf16 bits
+#else
+// Float32 words: 16 keys x HD dimensions, keys and values alike.
+template <int HD>
+constexpr int64_t kGroupWords = kKeys * HD;
+using Elem = float;
+#endif
 
 // A 16 x 16 transpose of 32-bit words: r[i] lane j -> r[j] lane i.
 inline void transpose16(__m512i r[16]) {
@@ -70,6 +84,63 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
+// Per-thread buffers of a tile, grown as needed.
+struct TileScratch {
+  std::vector<Elem> q;         // [vectors][HD] scaled (bf16 bits with AVX-512 BF16)
+  std::vector<float> scores;   // [vectors][padded]
+  std::vector<Elem> p;         // [vectors][padded]: exp(score - max), 0 past the row
+  std::vector<float> inv;      // [vectors] 1 / sum of exp
+};
+
+// The cache rows of keys t0 .. t0 + n - 1 (null past n).
+inline void group_rows(const uint16_t* kh, const uint16_t* vh, const int64_t* table, int64_t bs,
+                       int64_t t0, int64_t n, int64_t hd, const uint16_t** krows,
+                       const uint16_t** vrows) {
+  for (int64_t j = 0; j < kKeys; ++j) {
+    if (j < n) {
+      const int64_t t = t0 + j, row = (table[t / bs] * bs + t % bs) * hd;
+      krows[j] = kh + row;
+      vrows[j] = vh + row;
+    } else {
+      krows[j] = vrows[j] = nullptr;
+    }
+  }
+}
+
+// Softmax per query vector over its row's keys: float32, exp16 as the decode kernel's; the
+// weights stored as Elem (rounded to bf16 for the bf16 value products), zero past the row's
+// keys; inv[v] = 1 / their sum.
+inline void softmax_rows(const int64_t* lens, int64_t nv, int64_t G, int64_t padded,
+                         TileScratch& s) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t v = 0; v < nv; ++v) {
+    const int64_t len = lens[v / G];
+    const float* sc = s.scores.data() + v * padded;
+    Elem* pv = s.p.data() + v * padded;
+    __m512 mx = neg_inf;
+    for (int64_t t0 = 0; t0 < len; t0 += kKeys) {
+      const int64_t n = std::min<int64_t>(kKeys, len - t0);
+      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
+      mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, m, sc + t0));
+    }
+    const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t0 = 0; t0 < padded; t0 += kKeys) {
+      const int64_t n = std::clamp<int64_t>(len - t0, 0, kKeys);
+      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
+      const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + t0), mv)));
+      sum = _mm512_add_ps(sum, e);
+#if defined(SURGE_HAS_AVX512_BF16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pv + t0), (__m256i)_mm512_cvtneps_pbh(e));
+#else
+      _mm512_storeu_ps(pv + t0, e);
+#endif
+    }
+    s.inv[v] = 1.f / _mm512_reduce_add_ps(sum);
+  }
+}
+
+#if defined(SURGE_HAS_AVX512_BF16)
 // Keys and values t0 .. t0 + n - 1 (n <= 16) of one KV head, from the paged cache (rows of HD
 // bf16) into the packed layouts; keys and values past n are zero.
 template <int HD>
@@ -77,15 +148,7 @@ inline void pack_group(const uint16_t* kh, const uint16_t* vh, const int64_t* ta
                        int64_t t0, int64_t n, uint32_t* kp, uint32_t* vp) {
   const uint16_t* krows[kKeys];
   const uint16_t* vrows[kKeys];
-  for (int64_t j = 0; j < kKeys; ++j) {
-    if (j < n) {
-      const int64_t t = t0 + j, row = (table[t / bs] * bs + t % bs) * HD;
-      krows[j] = kh + row;
-      vrows[j] = vh + row;
-    } else {
-      krows[j] = vrows[j] = nullptr;
-    }
-  }
+  group_rows(kh, vh, table, bs, t0, n, HD, krows, vrows);
   // Keys: 16 words (32 dimensions) of each of the 16 rows, transposed to a key per lane.
   for (int64_t w0 = 0; w0 < HD / 2; w0 += 16) {
     __m512i r[16];
@@ -108,14 +171,6 @@ inline void pack_group(const uint16_t* kh, const uint16_t* vh, const int64_t* ta
     }
   }
 }
-
-// Per-thread buffers of a tile, grown as needed.
-struct TileScratch {
-  std::vector<uint16_t> q;     // [vectors][HD] bf16 bits, scaled
-  std::vector<float> scores;   // [vectors][padded]
-  std::vector<uint16_t> p;     // [vectors][padded] bf16 bits: exp(score - max), 0 past the row
-  std::vector<float> inv;      // [vectors] 1 / sum of exp
-};
 
 // G query heads (GC <= 4 registers' worth) of one row against its first `len` keys' values.
 template <int HD, int GC>
@@ -259,30 +314,7 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
       for (int b = 0; b < kQ; ++b) _mm512_storeu_ps(s.scores.data() + (v0 + b) * padded + t0, acc[b]);
     }
   }
-  // Softmax per query vector over its row's keys: float32, exp16 as the decode kernel's; the
-  // weights rounded to bf16 for the value products, zero past the row's keys.
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t v = 0; v < nv; ++v) {
-    const int64_t len = lens[v / G];
-    const float* sc = s.scores.data() + v * padded;
-    uint16_t* pv = s.p.data() + v * padded;
-    __m512 mx = neg_inf;
-    for (int64_t t0 = 0; t0 < len; t0 += kKeys) {
-      const int64_t n = std::min<int64_t>(kKeys, len - t0);
-      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
-      mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, m, sc + t0));
-    }
-    const __m512 mv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t t0 = 0; t0 < padded; t0 += kKeys) {
-      const int64_t n = std::clamp<int64_t>(len - t0, 0, kKeys);
-      const __mmask16 m = static_cast<__mmask16>((1u << n) - 1u);
-      const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + t0), mv)));
-      sum = _mm512_add_ps(sum, e);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pv + t0), (__m256i)_mm512_cvtneps_pbh(e));
-    }
-    s.inv[v] = 1.f / _mm512_reduce_add_ps(sum);
-  }
+  softmax_rows(lens, nv, G, padded, s);
   // Values: one row's heads at a time (their accumulators in registers), each key pair's
   // values loaded once for all of them.
   constexpr int64_t kGC = HD == 64 ? 4 : 2;
@@ -320,5 +352,165 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
   }
 }
 
-}  // namespace surge::prefill
+#else  // float32 tiles: AVX-512 without BF16
+
+// 16 bf16 values widened to float32 (a bf16 is a float32's upper half).
+inline __m512 widen16(const uint16_t* x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x))), 16));
+}
+
+// Keys and values t0 .. t0 + n - 1 (n <= 16) of one KV head, from the paged cache (rows of HD
+// bf16) into float32: keys as [HD][16] (a key per lane), values as [16][HD] (the rows widened);
+// past n zero.
+template <int HD>
+inline void pack_group(const uint16_t* kh, const uint16_t* vh, const int64_t* table, int64_t bs,
+                       int64_t t0, int64_t n, uint32_t* kp, uint32_t* vp) {
+  const uint16_t* krows[kKeys];
+  const uint16_t* vrows[kKeys];
+  group_rows(kh, vh, table, bs, t0, n, HD, krows, vrows);
+  for (int64_t d0 = 0; d0 < HD; d0 += 16) {
+    __m512i r[16];
+    for (int j = 0; j < 16; ++j)
+      r[j] = krows[j] ? _mm512_castps_si512(widen16(krows[j] + d0)) : _mm512_setzero_si512();
+    transpose16(r);
+    for (int i = 0; i < 16; ++i) _mm512_storeu_si512(kp + (d0 + i) * kKeys, r[i]);
+  }
+  float* vf = reinterpret_cast<float*>(vp);
+  for (int64_t j = 0; j < kKeys; ++j)
+    for (int64_t d = 0; d < HD; d += 16)
+      _mm512_storeu_ps(vf + j * HD + d, vrows[j] ? widen16(vrows[j] + d) : _mm512_setzero_ps());
+}
+
+// RC rows x GC heads against the first `len` keys' values (float32 weights p, rows `row`
+// floats apart; past a row's own keys its weights are zero, which leaves its sums as they
+// were, as in the bf16 values_rows2), key after key with each value row in registers.
+template <int HD, int RC, int GC>
+inline void values_f32(const float* p, int64_t row, int64_t padded, int64_t len, const float* vp,
+                       const float* inv, int64_t inv_row, float* out, int64_t out_row) {
+  constexpr int V = HD / 16;
+  static_assert(RC * GC * V + V + 1 <= 32, "accumulators, values and a broadcast in registers");
+  __m512 acc[RC][GC][V];
+  for (int r = 0; r < RC; ++r)
+    for (int g = 0; g < GC; ++g)
+      for (int i = 0; i < V; ++i) acc[r][g][i] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < len; ++t) {
+    __m512 v[V];
+    for (int i = 0; i < V; ++i) {
+      __m512 x = _mm512_loadu_ps(vp + t * HD + i * 16);
+      asm("" : "+v"(x));  // in a register for all its uses (GCC reloaded it per head)
+      v[i] = x;
+    }
+    for (int r = 0; r < RC; ++r)
+      for (int g = 0; g < GC; ++g) {
+        const __m512 a = _mm512_set1_ps(p[r * row + g * padded + t]);
+        for (int i = 0; i < V; ++i) acc[r][g][i] = _mm512_fmadd_ps(a, v[i], acc[r][g][i]);
+      }
+  }
+  for (int r = 0; r < RC; ++r)
+    for (int g = 0; g < GC; ++g) {
+      const __m512 w = _mm512_set1_ps(inv[r * inv_row + g]);
+      for (int i = 0; i < V; ++i)
+        _mm512_storeu_ps(out + r * out_row + g * HD + i * 16, _mm512_mul_ps(acc[r][g][i], w));
+    }
+}
+
+// As the bf16 attend_tile, in float32.
+template <int HD>
+void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t R, int64_t G,
+                 const uint32_t* kp_words, const uint32_t* vp_words, float scale, TileScratch& s,
+                 float* out, int64_t out_stride) {
+  const float* kp = reinterpret_cast<const float*>(kp_words);
+  const float* vp = reinterpret_cast<const float*>(vp_words);
+  const int64_t nv = R * G, nv_pad = (nv + kQ - 1) / kQ * kQ;
+  int64_t max_len = 0;
+  for (int64_t r = 0; r < R; ++r) max_len = std::max(max_len, lens[r]);
+  const int64_t padded = (max_len + kKeys - 1) / kKeys * kKeys;
+  s.q.resize(nv_pad * HD);
+  s.scores.resize(nv_pad * padded);
+  s.p.resize(nv * padded);
+  s.inv.resize(nv);
+  for (int64_t v = 0; v < nv_pad; ++v) {  // the queries scaled; padding zero
+    float* dst = s.q.data() + v * HD;
+    const float* src = q + (v / G) * q_stride + (v % G) * HD;
+    for (int64_t i = 0; i < HD; i += 16)
+      _mm512_storeu_ps(dst + i, v < nv ? _mm512_mul_ps(_mm512_loadu_ps(src + i), _mm512_set1_ps(scale))
+                                       : _mm512_setzero_ps());
+  }
+  // Scores: 8 query vectors against 32 keys (two groups) a pass, then a last group alone; a
+  // score is the same FMA chain over the dimensions either way.
+  for (int64_t v0 = 0; v0 < nv_pad; v0 += kQ) {
+    int64_t len = 0;
+    for (int64_t v = v0; v < std::min(nv, v0 + kQ); ++v) len = std::max(len, lens[v / G]);
+    const float* qv = s.q.data() + v0 * HD;
+    float* sc = s.scores.data() + v0 * padded;
+    int64_t t0 = 0;
+    for (; t0 + kKeys < len; t0 += 2 * kKeys) {
+      const float* kg = kp + (t0 / kKeys) * kGroupWords<HD>;
+      __m512 acc[kQ], acc2[kQ];
+      for (int b = 0; b < kQ; ++b) acc[b] = acc2[b] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < HD; ++d) {
+        const __m512 k = _mm512_loadu_ps(kg + d * kKeys);
+        const __m512 k2 = _mm512_loadu_ps(kg + kGroupWords<HD> + d * kKeys);
+        for (int b = 0; b < kQ; ++b) {
+          const __m512 a = _mm512_set1_ps(qv[b * HD + d]);
+          acc[b] = _mm512_fmadd_ps(a, k, acc[b]);
+          acc2[b] = _mm512_fmadd_ps(a, k2, acc2[b]);
+        }
+      }
+      for (int b = 0; b < kQ; ++b) {
+        _mm512_storeu_ps(sc + b * padded + t0, acc[b]);
+        _mm512_storeu_ps(sc + b * padded + t0 + kKeys, acc2[b]);
+      }
+    }
+    for (; t0 < len; t0 += kKeys) {
+      const float* kg = kp + (t0 / kKeys) * kGroupWords<HD>;
+      __m512 acc[kQ];
+      for (int b = 0; b < kQ; ++b) acc[b] = _mm512_setzero_ps();
+      for (int64_t d = 0; d < HD; ++d) {
+        const __m512 k = _mm512_loadu_ps(kg + d * kKeys);
+        for (int b = 0; b < kQ; ++b) acc[b] = _mm512_fmadd_ps(_mm512_set1_ps(qv[b * HD + d]), k, acc[b]);
+      }
+      for (int b = 0; b < kQ; ++b) _mm512_storeu_ps(sc + b * padded + t0, acc[b]);
+    }
+  }
+  softmax_rows(lens, nv, G, padded, s);
+  // Values: two rows' heads at a time where they fit in registers, else one row's, in chunks.
+  constexpr int V = HD / 16;
+  constexpr int64_t kGC = (32 - V - 1) / V;  // one row's heads a pass
+  const int64_t row = G * padded;
+  int64_t r = 0;
+  if constexpr (V == 4) {  // head size 64: up to 3 heads of two rows in registers
+    for (; r + 1 < R && G <= 3; r += 2) {
+      const int64_t len = std::max(lens[r], lens[r + 1]);
+      const float* p = s.p.data() + r * row;
+      const float* inv = s.inv.data() + r * G;
+      float* o = out + r * out_stride;
+      switch (G) {
+        case 1: values_f32<HD, 2, 1>(p, row, padded, len, vp, inv, G, o, out_stride); break;
+        case 2: values_f32<HD, 2, 2>(p, row, padded, len, vp, inv, G, o, out_stride); break;
+        case 3: values_f32<HD, 2, 3>(p, row, padded, len, vp, inv, G, o, out_stride); break;
+      }
+    }
+  }
+  for (; r < R; ++r) {
+    for (int64_t g0 = 0; g0 < G; g0 += kGC) {
+      const int64_t v = r * G + g0, gc = std::min(kGC, G - g0);
+      const float* p = s.p.data() + v * padded;
+      const float* inv = s.inv.data() + v;
+      float* o = out + r * out_stride + g0 * HD;
+      switch (gc) {
+        case 1: values_f32<HD, 1, 1>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 2: if constexpr (kGC >= 2) values_f32<HD, 1, 2>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 3: if constexpr (kGC >= 3) values_f32<HD, 1, 3>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 4: if constexpr (kGC >= 4) values_f32<HD, 1, 4>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 5: if constexpr (kGC >= 5) values_f32<HD, 1, 5>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 6: if constexpr (kGC >= 6) values_f32<HD, 1, 6>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+      }
+    }
+  }
+}
+
 #endif  // SURGE_HAS_AVX512_BF16
+}  // namespace surge::prefill
+#endif  // SURGE_TIER >= SURGE_TIER_AVX512
