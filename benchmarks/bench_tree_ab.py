@@ -74,7 +74,8 @@ for line in sys.stdin:
 
 def start(tree: Path, args: argparse.Namespace) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    spec = {k: getattr(args, k) for k in ("model", "quantization", "requests", "context", "prefill")}
+    keys = ("model", "quantization", "requests", "context", "prefill")
+    spec = {k: getattr(args, k) for k in keys}
     proc = subprocess.Popen(
         [sys.executable, "-c", WORKER, json.dumps(spec)],
         cwd=tree,
@@ -119,7 +120,8 @@ def main() -> None:
             proc.stdin.close()
             proc.wait(timeout=60)
     if args.prefill:
-        print(f"{args.prefill}-token prefill to the first token, {args.quantization}, ms per round:")
+        what = f"{args.prefill}-token prefill to the first token"
+        print(f"{what}, {args.quantization}, ms per round:")
     else:
         print(f"{args.requests} requests, {args.quantization}, median ms a step per round:")
     for name, ms in rounds.items():

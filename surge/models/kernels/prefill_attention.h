@@ -513,4 +513,191 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
 
 #endif  // SURGE_HAS_AVX512_BF16
 }  // namespace surge::prefill
-#endif  // SURGE_TIER >= SURGE_TIER_AVX512
+#elif SURGE_TIER >= SURGE_TIER_AVX2
+#define SURGE_HAS_TILED_PREFILL 1
+
+// The float32 tiles in AVX2's sixteen 8-lane registers: 6 query vectors against a group of 16
+// keys a pass (12 accumulators, 2 key registers, a broadcast), the values a slice of the head at
+// a time so that two rows' heads fit in registers. Same layouts and numerics as the AVX-512
+// float32 tiles.
+namespace surge::prefill {
+
+constexpr int64_t kKeys = 16;  // keys per packed group
+constexpr int64_t kQ = 6;      // query vectors scored at once
+template <int HD>
+constexpr int64_t kGroupWords = kKeys * HD;
+
+struct TileScratch {
+  std::vector<float> q;        // [vectors][HD] scaled
+  std::vector<float> scores;   // [vectors][padded]
+  std::vector<float> p;        // [vectors][padded]: exp(score - max), 0 past the row
+  std::vector<float> inv;      // [vectors] 1 / sum of exp
+};
+
+// 8 bf16 values widened to float32.
+inline __m256 widen8(const uint16_t* x) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(
+      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))), 16));
+}
+
+// As the AVX-512 float32 pack_group: keys [HD][16] floats, values [16][HD] floats, zero past n.
+template <int HD>
+inline void pack_group(const uint16_t* kh, const uint16_t* vh, const int64_t* table, int64_t bs,
+                       int64_t t0, int64_t n, uint32_t* kp, uint32_t* vp) {
+  float* kf = reinterpret_cast<float*>(kp);
+  float* vf = reinterpret_cast<float*>(vp);
+  for (int64_t j = 0; j < kKeys; ++j) {
+    if (j >= n) {
+      for (int64_t d = 0; d < HD; ++d) kf[d * kKeys + j] = 0.f;
+      for (int64_t d = 0; d < HD; d += 8) _mm256_storeu_ps(vf + j * HD + d, _mm256_setzero_ps());
+      continue;
+    }
+    const int64_t t = t0 + j, row = (table[t / bs] * bs + t % bs) * HD;
+    alignas(32) float k[HD];
+    for (int64_t d = 0; d < HD; d += 8) {
+      _mm256_store_ps(k + d, widen8(kh + row + d));
+      _mm256_storeu_ps(vf + j * HD + d, widen8(vh + row + d));
+    }
+    for (int64_t d = 0; d < HD; ++d) kf[d * kKeys + j] = k[d];
+  }
+}
+
+// RC rows x GC heads of the values, DC 8-lane slices of the head a pass (RC * GC * DC + DC + 1
+// registers); weights zero past a row's keys leave its sums as they were.
+template <int HD, int RC, int GC, int DC>
+inline void values_avx2(const float* p, int64_t row, int64_t padded, int64_t len, const float* vp,
+                        const float* inv, int64_t inv_row, float* out, int64_t out_row) {
+  constexpr int V = HD / 8;
+  static_assert(V % DC == 0 && RC * GC * DC + DC + 1 <= 16, "registers");
+  for (int c = 0; c < V; c += DC) {
+    __m256 acc[RC][GC][DC];
+    for (int r = 0; r < RC; ++r)
+      for (int g = 0; g < GC; ++g)
+        for (int i = 0; i < DC; ++i) acc[r][g][i] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < len; ++t) {
+      __m256 v[DC];
+      for (int i = 0; i < DC; ++i) {
+        __m256 x = _mm256_loadu_ps(vp + t * HD + (c + i) * 8);
+        asm("" : "+x"(x));  // in a register for all its uses
+        v[i] = x;
+      }
+      for (int r = 0; r < RC; ++r)
+        for (int g = 0; g < GC; ++g) {
+          const __m256 a = _mm256_broadcast_ss(p + r * row + g * padded + t);
+          for (int i = 0; i < DC; ++i) acc[r][g][i] = _mm256_fmadd_ps(a, v[i], acc[r][g][i]);
+        }
+    }
+    for (int r = 0; r < RC; ++r)
+      for (int g = 0; g < GC; ++g) {
+        const __m256 w = _mm256_set1_ps(inv[r * inv_row + g]);
+        for (int i = 0; i < DC; ++i)
+          _mm256_storeu_ps(out + r * out_row + g * HD + (c + i) * 8, _mm256_mul_ps(acc[r][g][i], w));
+      }
+  }
+}
+
+// As the AVX-512 attend_tile, in float32 with AVX2.
+template <int HD>
+void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t R, int64_t G,
+                 const uint32_t* kp_words, const uint32_t* vp_words, float scale, TileScratch& s,
+                 float* out, int64_t out_stride) {
+  static_assert(HD % 16 == 0, "head size: a multiple of 16");
+  const float* kp = reinterpret_cast<const float*>(kp_words);
+  const float* vp = reinterpret_cast<const float*>(vp_words);
+  const int64_t nv = R * G, nv_pad = (nv + kQ - 1) / kQ * kQ;
+  int64_t max_len = 0;
+  for (int64_t r = 0; r < R; ++r) max_len = std::max(max_len, lens[r]);
+  const int64_t padded = (max_len + kKeys - 1) / kKeys * kKeys;
+  s.q.resize(nv_pad * HD);
+  s.scores.resize(nv_pad * padded);
+  s.p.resize(nv * padded);
+  s.inv.resize(nv);
+  for (int64_t v = 0; v < nv_pad; ++v) {  // the queries scaled; padding zero
+    float* dst = s.q.data() + v * HD;
+    const float* src = q + (v / G) * q_stride + (v % G) * HD;
+    for (int64_t i = 0; i < HD; i += 8)
+      _mm256_storeu_ps(dst + i, v < nv ? _mm256_mul_ps(_mm256_loadu_ps(src + i), _mm256_set1_ps(scale))
+                                       : _mm256_setzero_ps());
+  }
+  // Scores: kQ query vectors against a group of 16 keys (two registers) a pass.
+  for (int64_t v0 = 0; v0 < nv_pad; v0 += kQ) {
+    int64_t len = 0;
+    for (int64_t v = v0; v < std::min(nv, v0 + kQ); ++v) len = std::max(len, lens[v / G]);
+    const float* qv = s.q.data() + v0 * HD;
+    float* sc = s.scores.data() + v0 * padded;
+    for (int64_t t0 = 0; t0 < len; t0 += kKeys) {
+      const float* kg = kp + (t0 / kKeys) * kGroupWords<HD>;
+      __m256 acc[kQ][2];
+      for (int b = 0; b < kQ; ++b) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < HD; ++d) {
+        const __m256 k0 = _mm256_loadu_ps(kg + d * kKeys);
+        const __m256 k1 = _mm256_loadu_ps(kg + d * kKeys + 8);
+        for (int b = 0; b < kQ; ++b) {
+          const __m256 a = _mm256_broadcast_ss(qv + b * HD + d);
+          acc[b][0] = _mm256_fmadd_ps(a, k0, acc[b][0]);
+          acc[b][1] = _mm256_fmadd_ps(a, k1, acc[b][1]);
+        }
+      }
+      for (int b = 0; b < kQ; ++b) {
+        _mm256_storeu_ps(sc + b * padded + t0, acc[b][0]);
+        _mm256_storeu_ps(sc + b * padded + t0 + 8, acc[b][1]);
+      }
+    }
+  }
+  // Softmax per query vector over its row's keys (exp8, as the AVX2 row kernel's), float32
+  // weights, zero past the row's keys.
+  const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t v = 0; v < nv; ++v) {
+    const int64_t len = lens[v / G];
+    const float* sc = s.scores.data() + v * padded;
+    float* pv = s.p.data() + v * padded;
+    __m256 mx = neg_inf;
+    for (int64_t t0 = 0; t0 < len; t0 += 8) {
+      const __m256 in = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(len - t0)), _CMP_LT_OQ);
+      mx = _mm256_max_ps(mx, _mm256_blendv_ps(neg_inf, _mm256_loadu_ps(sc + t0), in));
+    }
+    const __m256 mv = _mm256_set1_ps(hmax(mx));
+    __m256 sum = _mm256_setzero_ps();
+    for (int64_t t0 = 0; t0 < padded; t0 += 8) {
+      const __m256 in = _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(len - t0)), _CMP_LT_OQ);
+      const __m256 e = _mm256_and_ps(in, exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + t0), mv)));
+      sum = _mm256_add_ps(sum, e);
+      _mm256_storeu_ps(pv + t0, e);
+    }
+    s.inv[v] = 1.f / hsum(sum);
+  }
+  // Values: two rows' heads a pass where they fit (up to 3 heads), else one row's, 6 at a time.
+  const int64_t row = G * padded;
+  int64_t r = 0;
+  for (; r + 1 < R && G <= 3; r += 2) {
+    const int64_t len = std::max(lens[r], lens[r + 1]);
+    const float* p = s.p.data() + r * row;
+    const float* inv = s.inv.data() + r * G;
+    float* o = out + r * out_stride;
+    switch (G) {
+      case 1: values_avx2<HD, 2, 1, 4>(p, row, padded, len, vp, inv, G, o, out_stride); break;
+      case 2: values_avx2<HD, 2, 2, 2>(p, row, padded, len, vp, inv, G, o, out_stride); break;
+      case 3: values_avx2<HD, 2, 3, 2>(p, row, padded, len, vp, inv, G, o, out_stride); break;
+    }
+  }
+  for (; r < R; ++r) {
+    for (int64_t g0 = 0; g0 < G; g0 += 6) {
+      const int64_t v = r * G + g0, gc = std::min<int64_t>(6, G - g0);
+      const float* p = s.p.data() + v * padded;
+      const float* inv = s.inv.data() + v;
+      float* o = out + r * out_stride + g0 * HD;
+      switch (gc) {
+        case 1: values_avx2<HD, 1, 1, 4>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 2: values_avx2<HD, 1, 2, 4>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 3: values_avx2<HD, 1, 3, 2>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 4: values_avx2<HD, 1, 4, 2>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 5: values_avx2<HD, 1, 5, 2>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 6: values_avx2<HD, 1, 6, 2>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+      }
+    }
+  }
+}
+
+}  // namespace surge::prefill
+#endif  // SURGE_TIER
