@@ -12,6 +12,7 @@ import psutil
 import torch
 from torch import Tensor
 
+from surge.engine import huge_pages
 from surge.engine.config import CacheConfig, ModelConfig, SchedulerConfig
 from surge.engine.kv_cache import (
     AVERAGE_CONTEXT_TOKENS,
@@ -266,6 +267,7 @@ def load_model(
         p.kv_budget_reason,
         p.max_model_len,
     )
+    kv_caches = allocate_kv_cache(spec, kv_plan, p.kv_dtype, precision.device)
     if precision.device.type == "cpu":
         available = psutil.virtual_memory().available
         if kv_plan.total_bytes > available:  # taken as it fills (huge_pages.py): warn now
@@ -276,11 +278,14 @@ def load_model(
                 kv_plan.total_bytes / GIB,
                 available / GIB,
             )
+        elif huge_pages.prefault_in_background([t for pair in kv_caches for t in pair]):
+            # Its pages built while idle, not by the steps that first write them (huge_pages.py).
+            log.info("KV cache: building its pages in the background, at idle priority")
     return LoadedModel(
         model=model,
         precision=precision,
         plan=kv_plan,
-        kv_caches=allocate_kv_cache(spec, kv_plan, p.kv_dtype, precision.device),
+        kv_caches=kv_caches,
         max_model_len=p.max_model_len,
     )
 

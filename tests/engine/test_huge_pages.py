@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -68,3 +69,78 @@ def test_the_kv_pool_lies_on_huge_pages() -> None:
         assert huge_bytes_under(v) >= 2 * huge_pages.HUGE_PAGE_BYTES
         assert k.count_nonzero() == k.numel()
         assert v.count_nonzero() == v[:, : v.shape[1] // 2].numel()
+
+
+def populate_write_supported() -> bool:
+    """MADV_POPULATE_WRITE: Linux 5.14 on."""
+    if not sys.platform.startswith("linux"):
+        return False
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    return (major, minor) >= (5, 14)
+
+
+def rss() -> int:
+    return psutil.Process(os.getpid()).memory_info().rss
+
+
+def pool(blocks: int = 600) -> list[torch.Tensor]:
+    """Two pool tensors like a layer's K and V: [2 heads, blocks, 16, 64] bf16 (~2.4 MiB each
+    at 600 blocks: a head's blocks are not a whole number of huge pages, as in the engine)."""
+    return [
+        huge_pages.zeros((2, blocks, 16, 64), torch.bfloat16, torch.device("cpu")) for _ in "kv"
+    ]
+
+
+def test_prefault_regions_cover_the_pool_in_block_order() -> None:
+    k, v = pool()
+    regions = huge_pages.prefault_regions([k, v])
+    per_block, per_head = 16 * 64 * 2, 600 * 16 * 64 * 2
+    covered = [set(), set()]
+    for i, start, length in regions:
+        assert start % huge_pages.SMALL_PAGE_BYTES == 0
+        covered[i].update(range(start // per_block, -(-(start + length) // per_block)))
+    assert all(c >= set(range(2 * 600)) for c in covered)  # every block of both heads
+    # Block order first: all of the first huge page's blocks (every tensor, every head) come
+    # before any later block.
+    first = huge_pages.HUGE_PAGE_BYTES // per_block
+    starts = [s % per_head // per_block for _, s, _ in regions[:4]]
+    assert all(b < first for b in starts) and len(regions) == 2 * 2 * -(-600 // first)
+
+
+@pytest.mark.skipif(not populate_write_supported(), reason="needs MADV_POPULATE_WRITE")
+def test_prefault_builds_the_pages_and_keeps_what_was_written() -> None:
+    k, v = pool(2400)  # ~9.4 MiB each
+    k[0, 5].fill_(3.0)  # written before: the prefault must not zero it
+    v[1, 2399].fill_(-2.0)
+    before = rss()
+    assert huge_pages.prefault([k, v])
+    assert rss() - before > 0.8 * 2 * k.numel() * k.element_size()
+    assert (k[0, 5] == 3.0).all() and (v[1, 2399] == -2.0).all()
+    assert k.count_nonzero() == 16 * 64 and v.count_nonzero() == 16 * 64
+
+
+@pytest.mark.skipif(not populate_write_supported(), reason="needs MADV_POPULATE_WRITE")
+def test_the_background_prefault_runs_idle_and_stops_with_the_pool() -> None:
+    policy: list[int] = []
+
+    def probe() -> None:  # the thread's priority, as the prefault thread sets its own
+        huge_pages._idle_priority()
+        policy.append(os.sched_getscheduler(0))
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    assert policy == [os.SCHED_IDLE] and os.sched_getscheduler(0) != os.SCHED_IDLE
+    k, v = pool(2400)
+    thread = huge_pages.prefault_in_background([k, v])
+    assert thread is not None and thread.daemon
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert not k.any() and not v.any()
+    # It holds no reference of its own: a pool freed while it runs ends it.
+    k, v = pool(24000)  # ~94 MiB each
+    thread = huge_pages.prefault_in_background([k, v])
+    assert thread is not None
+    del k, v
+    thread.join(timeout=30)
+    assert not thread.is_alive()
