@@ -101,16 +101,17 @@ def test_a_server_reports_its_engine_process(tiny_server: ServerProcess) -> None
     httpx.post(tiny_server.url + "/v1/completions", timeout=60,
                json={"prompt": "hi", "max_tokens": 4})  # fmt: skip
     time.sleep(0.2)
+    engine = psutil.Process(tiny_server.engine_pid())
+    before = engine.memory_info().rss
     text = httpx.get(tiny_server.url + "/metrics", timeout=10).text
+    after = engine.memory_info().rss  # the engine may still be building its KV pool's pages
     families = {f.name: f for f in text_string_to_metric_families(text)}
     rss = {
         s.labels["process"]: s.value
         for s in families["surge:process_resident_memory_bytes"].samples
     }
     assert set(rss) == {"api", "engine"}
-    assert rss["engine"] == pytest.approx(
-        psutil.Process(tiny_server.engine_pid()).memory_info().rss, abs=32 * MiB
-    )
+    assert min(before, after) - 32 * MiB <= rss["engine"] <= max(before, after) + 32 * MiB
     assert rss["api"] == pytest.approx(
         psutil.Process(tiny_server.proc.pid).memory_info().rss, abs=32 * MiB
     )
