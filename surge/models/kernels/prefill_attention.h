@@ -172,50 +172,21 @@ inline void pack_group(const uint16_t* kh, const uint16_t* vh, const int64_t* ta
   }
 }
 
-// G query heads (GC <= 4 registers' worth) of one row against its first `len` keys' values.
-template <int HD, int GC>
-inline void values_row(const uint16_t* p, int64_t padded, int64_t len, const uint32_t* vp,
-                       const float* inv, float* out) {
+// RC rows x GC heads (their accumulators in registers) against the first `len` keys' values,
+// a key pair at a time; p: bf16 weights, a head `padded` and a row `row` apart. Each key
+// pair's value vectors are loaded once for all RC x GC uses (pinned: without the empty asm GCC
+// reloaded them from memory for every head, 12 loads a pair where 4 do at GC = 3); two rows a
+// pass halve the reads from L2. With two rows the pairs run to the longer row's length: the
+// shorter row's weights are zero past its own keys, and a zero product leaves a float32 sum as
+// it was, so a row's result has the same bits alone or paired.
+template <int HD, int RC, int GC>
+inline void values_bf16(const uint16_t* p, int64_t row, int64_t padded, int64_t len,
+                        const uint32_t* vp, const float* inv, int64_t inv_row, float* out,
+                        int64_t out_row) {
   constexpr int V = HD / 16;
-  __m512 acc[GC][V];
-  for (int g = 0; g < GC; ++g)
-    for (int i = 0; i < V; ++i) acc[g][i] = _mm512_setzero_ps();
-  const int64_t pairs = (len + 1) / 2;
-  for (int64_t kp = 0; kp < pairs; ++kp) {
-    __m512i v[V];
-    // Held in registers for all GC heads: without the empty asm GCC reloaded each value
-    // vector from memory for every head (12 loads a key pair, not 4, at GC = 3).
-    for (int i = 0; i < V; ++i) {
-      __m512i x = _mm512_loadu_si512(vp + kp * HD + i * 16);
-      asm("" : "+v"(x));
-      v[i] = x;
-    }
-    for (int g = 0; g < GC; ++g) {
-      uint32_t pair;
-      std::memcpy(&pair, p + g * padded + 2 * kp, sizeof(pair));
-      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pair));
-      for (int i = 0; i < V; ++i) acc[g][i] = _mm512_dpbf16_ps(acc[g][i], a, (__m512bh)v[i]);
-    }
-  }
-  for (int g = 0; g < GC; ++g) {
-    const __m512 w = _mm512_set1_ps(inv[g]);
-    for (int i = 0; i < V; ++i) _mm512_storeu_ps(out + g * HD + i * 16, _mm512_mul_ps(acc[g][i], w));
-  }
-}
-
-// values_row for two rows at once (RC rows x GC heads of accumulators in registers): each key
-// pair's value vectors, loaded from L2 once, serve both rows, halving that traffic. The pairs
-// run to the longer row's length; the shorter row's weights are zero past its own (TileScratch
-// p), and adding a zero product leaves a float32 sum as it was, so each row's result has the
-// same bits as values_row's.
-template <int HD, int GC>
-inline void values_rows2(const uint16_t* p0, const uint16_t* p1, int64_t padded, int64_t len,
-                         const uint32_t* vp, const float* inv0, const float* inv1, float* out0,
-                         float* out1) {
-  constexpr int V = HD / 16;
-  static_assert(2 * GC * V + V + 1 <= 32, "accumulators, values and a broadcast in registers");
-  __m512 acc[2][GC][V];
-  for (int r = 0; r < 2; ++r)
+  static_assert(RC * GC * V + V + 1 <= 32, "accumulators, values and a broadcast in registers");
+  __m512 acc[RC][GC][V];
+  for (int r = 0; r < RC; ++r)
     for (int g = 0; g < GC; ++g)
       for (int i = 0; i < V; ++i) acc[r][g][i] = _mm512_setzero_ps();
   const int64_t pairs = (len + 1) / 2;
@@ -223,24 +194,22 @@ inline void values_rows2(const uint16_t* p0, const uint16_t* p1, int64_t padded,
     __m512i v[V];
     for (int i = 0; i < V; ++i) {
       __m512i x = _mm512_loadu_si512(vp + kp * HD + i * 16);
-      asm("" : "+v"(x));  // in a register for all 2 x GC uses (see values_row)
+      asm("" : "+v"(x));
       v[i] = x;
     }
-    for (int r = 0; r < 2; ++r) {
-      const uint16_t* p = r ? p1 : p0;
+    for (int r = 0; r < RC; ++r)
       for (int g = 0; g < GC; ++g) {
         uint32_t pair;
-        std::memcpy(&pair, p + g * padded + 2 * kp, sizeof(pair));
+        std::memcpy(&pair, p + r * row + g * padded + 2 * kp, sizeof(pair));
         const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pair));
         for (int i = 0; i < V; ++i) acc[r][g][i] = _mm512_dpbf16_ps(acc[r][g][i], a, (__m512bh)v[i]);
       }
-    }
   }
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < RC; ++r)
     for (int g = 0; g < GC; ++g) {
-      const __m512 w = _mm512_set1_ps((r ? inv1 : inv0)[g]);
-      float* out = r ? out1 : out0;
-      for (int i = 0; i < V; ++i) _mm512_storeu_ps(out + g * HD + i * 16, _mm512_mul_ps(acc[r][g][i], w));
+      const __m512 w = _mm512_set1_ps(inv[r * inv_row + g]);
+      for (int i = 0; i < V; ++i)
+        _mm512_storeu_ps(out + r * out_row + g * HD + i * 16, _mm512_mul_ps(acc[r][g][i], w));
     }
 }
 
@@ -315,21 +284,21 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
     }
   }
   softmax_rows(lens, nv, G, padded, s);
-  // Values: one row's heads at a time (their accumulators in registers), each key pair's
-  // values loaded once for all of them.
+  // Values: two rows' heads a pass where they fit in registers (head size 64, up to 3 heads a
+  // KV head: SmolLM2's 3), else one row's, kGC heads at a time.
   constexpr int64_t kGC = HD == 64 ? 4 : 2;
+  const int64_t row = G * padded;
   int64_t r = 0;
   if constexpr (HD == 64) {
-    // Two rows at a time where a row's heads fit twice in registers (SmolLM2: 3 heads a KV head).
     for (; r + 1 < R && G <= 3; r += 2) {
-      const int64_t v = r * G, len = std::max(lens[r], lens[r + 1]);
-      const uint16_t* p = s.p.data() + v * padded;
-      const float* inv = s.inv.data() + v;
+      const int64_t len = std::max(lens[r], lens[r + 1]);
+      const uint16_t* p = s.p.data() + r * row;
+      const float* inv = s.inv.data() + r * G;
       float* o = out + r * out_stride;
       switch (G) {
-        case 1: values_rows2<HD, 1>(p, p + padded, padded, len, vp, inv, inv + 1, o, o + out_stride); break;
-        case 2: values_rows2<HD, 2>(p, p + 2 * padded, padded, len, vp, inv, inv + 2, o, o + out_stride); break;
-        case 3: values_rows2<HD, 3>(p, p + 3 * padded, padded, len, vp, inv, inv + 3, o, o + out_stride); break;
+        case 1: values_bf16<HD, 2, 1>(p, row, padded, len, vp, inv, G, o, out_stride); break;
+        case 2: values_bf16<HD, 2, 2>(p, row, padded, len, vp, inv, G, o, out_stride); break;
+        case 3: values_bf16<HD, 2, 3>(p, row, padded, len, vp, inv, G, o, out_stride); break;
       }
     }
   }
@@ -337,16 +306,13 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
     for (int64_t g0 = 0; g0 < G; g0 += kGC) {
       const int64_t v = r * G + g0, gc = std::min(kGC, G - g0);
       const uint16_t* p = s.p.data() + v * padded;
+      const float* inv = s.inv.data() + v;
       float* o = out + r * out_stride + g0 * HD;
       switch (gc) {
-        case 1: values_row<HD, 1>(p, padded, lens[r], vp, s.inv.data() + v, o); break;
-        case 2: values_row<HD, 2>(p, padded, lens[r], vp, s.inv.data() + v, o); break;
-        case 3:
-          if constexpr (kGC >= 3) values_row<HD, 3>(p, padded, lens[r], vp, s.inv.data() + v, o);
-          break;
-        case 4:
-          if constexpr (kGC >= 4) values_row<HD, 4>(p, padded, lens[r], vp, s.inv.data() + v, o);
-          break;
+        case 1: values_bf16<HD, 1, 1>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 2: values_bf16<HD, 1, 2>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 3: if constexpr (kGC >= 3) values_bf16<HD, 1, 3>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
+        case 4: if constexpr (kGC >= 4) values_bf16<HD, 1, 4>(p, row, padded, lens[r], vp, inv, G, o, out_stride); break;
       }
     }
   }
@@ -384,7 +350,7 @@ inline void pack_group(const uint16_t* kh, const uint16_t* vh, const int64_t* ta
 
 // RC rows x GC heads against the first `len` keys' values (float32 weights p, rows `row`
 // floats apart; past a row's own keys its weights are zero, which leaves its sums as they
-// were, as in the bf16 values_rows2), key after key with each value row in registers.
+// were, as in values_bf16), key after key with each value row in registers.
 template <int HD, int RC, int GC>
 inline void values_f32(const float* p, int64_t row, int64_t padded, int64_t len, const float* vp,
                        const float* inv, int64_t inv_row, float* out, int64_t out_row) {
