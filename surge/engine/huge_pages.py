@@ -119,9 +119,13 @@ def prefault(tensors: Sequence[Tensor]) -> bool:
     """Builds the pages under the pool tensors (each [heads, blocks, ...], contiguous, of one
     shape) in block order without writing them. False where the kernel lacks
     MADV_POPULATE_WRITE (before 5.14) or the platform madvise."""
-    if _madvise() is None or not tensors or tensors[0].device.type != "cpu":
+    if not _can_prefault(tensors):
         return False
     return _prefault([weakref.ref(t) for t in tensors], prefault_regions(tensors))
+
+
+def _can_prefault(tensors: Sequence[Tensor]) -> bool:
+    return _madvise() is not None and bool(tensors) and tensors[0].device.type == "cpu"
 
 
 def _prefault(
@@ -145,7 +149,7 @@ def _prefault(
 def prefault_in_background(tensors: Sequence[Tensor]) -> threading.Thread | None:
     """`prefault` on a daemon thread at idle priority, which keeps no strong reference to the
     tensors; None where there is nothing to do."""
-    if _madvise() is None or not tensors or tensors[0].device.type != "cpu":
+    if not _can_prefault(tensors):
         return None
     refs = [weakref.ref(t) for t in tensors]
     regions = prefault_regions(tensors)

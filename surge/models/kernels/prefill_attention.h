@@ -22,8 +22,8 @@
 // which other rows share its tile or chunk, so chunking and batching leave it unchanged
 // (batch-invariant mode keeps its guarantee).
 //
-// Without AVX-512 BF16 (Skylake/Cascade Lake/Ice Lake Xeons, or the avx512 kernel tier) the same
-// tiles run in float32 with FMAs: keys packed as [HD][16] floats, values as [key][HD] floats,
+// Without AVX-512 BF16 (Skylake/Cascade Lake/Ice Lake Xeons, AVX2 CPUs, or the avx512 and avx2
+// kernel tiers) the same tiles run in float32 with FMAs: keys packed as [HD][16] floats, values as [key][HD] floats,
 // ~8 FMAs per pair where the row-at-a-time kernel there spends ~13 ops and horizontal sums;
 // queries and probabilities stay float32 (as that kernel keeps them), so only the order of
 // the sums differs from it.
@@ -36,13 +36,14 @@
 #include "cpu_features.h"
 #include "decode_attention.h"
 
-#if SURGE_TIER >= SURGE_TIER_AVX512
+#if SURGE_TIER >= SURGE_TIER_AVX2
 #define SURGE_HAS_TILED_PREFILL 1
 
+// What every tier's tiles share: the group size, the packed layouts' sizes, the scratch, the
+// cache row lookup and the tile's sizes.
 namespace surge::prefill {
 
 constexpr int64_t kKeys = 16;  // keys per packed group
-constexpr int64_t kQ = 8;      // query vectors scored at once (8 accumulators + 1 key register)
 
 #if defined(SURGE_HAS_AVX512_BF16)
 // 32-bit words a packed group takes, keys and values alike: 16 keys x HD/2 pairs of dimensions,
@@ -56,6 +57,75 @@ template <int HD>
 constexpr int64_t kGroupWords = kKeys * HD;
 using Elem = float;
 #endif
+
+#if SURGE_TIER >= SURGE_TIER_AVX512
+constexpr int64_t kQ = 8;  // query vectors scored at once (8 or 16 accumulators + key registers)
+#else
+constexpr int64_t kQ = 6;  // AVX2: 6 query vectors x 2 registers of keys = 12 accumulators
+#endif
+
+// Per-thread buffers of a tile, grown as needed.
+struct TileScratch {
+  std::vector<Elem> q;         // [vectors][HD] scaled (bf16 bits with AVX-512 BF16)
+  std::vector<float> scores;   // [vectors][padded]
+  std::vector<Elem> p;         // [vectors][padded]: exp(score - max), 0 past the row
+  std::vector<float> inv;      // [vectors] 1 / sum of exp
+};
+
+// The cache rows of keys t0 .. t0 + n - 1 (null past n).
+inline void group_rows(const uint16_t* kh, const uint16_t* vh, const int64_t* table, int64_t bs,
+                       int64_t t0, int64_t n, int64_t hd, const uint16_t** krows,
+                       const uint16_t** vrows) {
+  for (int64_t j = 0; j < kKeys; ++j) {
+    if (j < n) {
+      const int64_t t = t0 + j, row = (table[t / bs] * bs + t % bs) * hd;
+      krows[j] = kh + row;
+      vrows[j] = vh + row;
+    } else {
+      krows[j] = vrows[j] = nullptr;
+    }
+  }
+}
+
+// A tile of R rows of G query heads: nv query vectors (nv_pad, a whole number of kQ), each
+// row's scores `padded` long (its longest row's keys, whole groups); the scratch grown to them.
+struct TileSize {
+  int64_t nv, nv_pad, padded;
+};
+inline TileSize size_tile(const int64_t* lens, int64_t R, int64_t G, int64_t hd, TileScratch& s) {
+  const int64_t nv = R * G, nv_pad = (nv + kQ - 1) / kQ * kQ;
+  int64_t max_len = 0;
+  for (int64_t r = 0; r < R; ++r) max_len = std::max(max_len, lens[r]);
+  const int64_t padded = (max_len + kKeys - 1) / kKeys * kKeys;
+  s.q.resize(nv_pad * hd);
+  s.scores.resize(nv_pad * padded);
+  s.p.resize(nv * padded);
+  s.inv.resize(nv);
+  return {nv, nv_pad, padded};
+}
+
+// The most keys any of query vectors [v0, min(nv, v0 + kQ)) sees.
+inline int64_t longest(const int64_t* lens, int64_t G, int64_t nv, int64_t v0) {
+  int64_t len = 0;
+  for (int64_t v = v0; v < std::min(nv, v0 + kQ); ++v) len = std::max(len, lens[v / G]);
+  return len;
+}
+
+// Float32 tiles' queries: row r's head g at q + r * q_stride + g * hd, scaled, vector after
+// vector; the padding vectors zero.
+inline void scale_queries(const float* q, int64_t q_stride, int64_t G, const TileSize& t,
+                          int64_t hd, float scale, float* dst) {
+  for (int64_t v = 0; v < t.nv_pad; ++v) {
+    const float* src = q + (v / G) * q_stride + (v % G) * hd;
+    for (int64_t i = 0; i < hd; ++i) dst[v * hd + i] = v < t.nv ? src[i] * scale : 0.f;
+  }
+}
+
+}  // namespace surge::prefill
+#endif  // SURGE_TIER >= SURGE_TIER_AVX2
+
+#if SURGE_TIER >= SURGE_TIER_AVX512
+namespace surge::prefill {
 
 // A 16 x 16 transpose of 32-bit words: r[i] lane j -> r[j] lane i.
 inline void transpose16(__m512i r[16]) {
@@ -84,28 +154,6 @@ inline void transpose16(__m512i r[16]) {
   }
 }
 
-// Per-thread buffers of a tile, grown as needed.
-struct TileScratch {
-  std::vector<Elem> q;         // [vectors][HD] scaled (bf16 bits with AVX-512 BF16)
-  std::vector<float> scores;   // [vectors][padded]
-  std::vector<Elem> p;         // [vectors][padded]: exp(score - max), 0 past the row
-  std::vector<float> inv;      // [vectors] 1 / sum of exp
-};
-
-// The cache rows of keys t0 .. t0 + n - 1 (null past n).
-inline void group_rows(const uint16_t* kh, const uint16_t* vh, const int64_t* table, int64_t bs,
-                       int64_t t0, int64_t n, int64_t hd, const uint16_t** krows,
-                       const uint16_t** vrows) {
-  for (int64_t j = 0; j < kKeys; ++j) {
-    if (j < n) {
-      const int64_t t = t0 + j, row = (table[t / bs] * bs + t % bs) * hd;
-      krows[j] = kh + row;
-      vrows[j] = vh + row;
-    } else {
-      krows[j] = vrows[j] = nullptr;
-    }
-  }
-}
 
 // Softmax per query vector over its row's keys: float32, exp16 as the decode kernel's; the
 // weights stored as Elem (rounded to bf16 for the bf16 value products), zero past the row's
@@ -220,14 +268,8 @@ template <int HD>
 void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t R, int64_t G,
                  const uint32_t* kp, const uint32_t* vp, float scale, TileScratch& s, float* out,
                  int64_t out_stride) {
-  const int64_t nv = R * G, nv_pad = (nv + kQ - 1) / kQ * kQ;
-  int64_t max_len = 0;
-  for (int64_t r = 0; r < R; ++r) max_len = std::max(max_len, lens[r]);
-  const int64_t padded = (max_len + kKeys - 1) / kKeys * kKeys;
-  s.q.resize(nv_pad * HD);
-  s.scores.resize(nv_pad * padded);
-  s.p.resize(nv * padded);
-  s.inv.resize(nv);
+  const TileSize t = size_tile(lens, R, G, HD, s);
+  const int64_t nv = t.nv, nv_pad = t.nv_pad, padded = t.padded;
   // The queries scaled and rounded to bf16 (as the decode kernel rounds them); padding zero.
   for (int64_t v = 0; v < nv_pad; ++v) {
     uint16_t* dst = s.q.data() + v * HD;
@@ -244,8 +286,7 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
   }
   // Scores, 8 query vectors against 16 keys at a time, up to the longest of the 8 rows' keys.
   for (int64_t v0 = 0; v0 < nv_pad; v0 += kQ) {
-    int64_t len = 0;
-    for (int64_t v = v0; v < std::min(nv, v0 + kQ); ++v) len = std::max(len, lens[v / G]);
+    const int64_t len = longest(lens, G, nv, v0);
     const uint32_t* qw = reinterpret_cast<const uint32_t*>(s.q.data() + v0 * HD);
     int64_t t0 = 0;
     // Two key groups at a time: each broadcast query pair feeds two vdpbf16ps, not one
@@ -388,26 +429,13 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
                  float* out, int64_t out_stride) {
   const float* kp = reinterpret_cast<const float*>(kp_words);
   const float* vp = reinterpret_cast<const float*>(vp_words);
-  const int64_t nv = R * G, nv_pad = (nv + kQ - 1) / kQ * kQ;
-  int64_t max_len = 0;
-  for (int64_t r = 0; r < R; ++r) max_len = std::max(max_len, lens[r]);
-  const int64_t padded = (max_len + kKeys - 1) / kKeys * kKeys;
-  s.q.resize(nv_pad * HD);
-  s.scores.resize(nv_pad * padded);
-  s.p.resize(nv * padded);
-  s.inv.resize(nv);
-  for (int64_t v = 0; v < nv_pad; ++v) {  // the queries scaled; padding zero
-    float* dst = s.q.data() + v * HD;
-    const float* src = q + (v / G) * q_stride + (v % G) * HD;
-    for (int64_t i = 0; i < HD; i += 16)
-      _mm512_storeu_ps(dst + i, v < nv ? _mm512_mul_ps(_mm512_loadu_ps(src + i), _mm512_set1_ps(scale))
-                                       : _mm512_setzero_ps());
-  }
+  const TileSize t = size_tile(lens, R, G, HD, s);
+  const int64_t nv = t.nv, nv_pad = t.nv_pad, padded = t.padded;
+  scale_queries(q, q_stride, G, t, HD, scale, s.q.data());
   // Scores: 8 query vectors against 32 keys (two groups) a pass, then a last group alone; a
   // score is the same FMA chain over the dimensions either way.
   for (int64_t v0 = 0; v0 < nv_pad; v0 += kQ) {
-    int64_t len = 0;
-    for (int64_t v = v0; v < std::min(nv, v0 + kQ); ++v) len = std::max(len, lens[v / G]);
+    const int64_t len = longest(lens, G, nv, v0);
     const float* qv = s.q.data() + v0 * HD;
     float* sc = s.scores.data() + v0 * padded;
     int64_t t0 = 0;
@@ -480,25 +508,12 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
 #endif  // SURGE_HAS_AVX512_BF16
 }  // namespace surge::prefill
 #elif SURGE_TIER >= SURGE_TIER_AVX2
-#define SURGE_HAS_TILED_PREFILL 1
 
 // The float32 tiles in AVX2's sixteen 8-lane registers: 6 query vectors against a group of 16
 // keys a pass (12 accumulators, 2 key registers, a broadcast), the values a slice of the head at
 // a time so that two rows' heads fit in registers. Same layouts and numerics as the AVX-512
 // float32 tiles.
 namespace surge::prefill {
-
-constexpr int64_t kKeys = 16;  // keys per packed group
-constexpr int64_t kQ = 6;      // query vectors scored at once
-template <int HD>
-constexpr int64_t kGroupWords = kKeys * HD;
-
-struct TileScratch {
-  std::vector<float> q;        // [vectors][HD] scaled
-  std::vector<float> scores;   // [vectors][padded]
-  std::vector<float> p;        // [vectors][padded]: exp(score - max), 0 past the row
-  std::vector<float> inv;      // [vectors] 1 / sum of exp
-};
 
 // 8 bf16 values widened to float32.
 inline __m256 widen8(const uint16_t* x) {
@@ -510,19 +525,16 @@ inline __m256 widen8(const uint16_t* x) {
 template <int HD>
 inline void pack_group(const uint16_t* kh, const uint16_t* vh, const int64_t* table, int64_t bs,
                        int64_t t0, int64_t n, uint32_t* kp, uint32_t* vp) {
+  const uint16_t* krows[kKeys];
+  const uint16_t* vrows[kKeys];
+  group_rows(kh, vh, table, bs, t0, n, HD, krows, vrows);
   float* kf = reinterpret_cast<float*>(kp);
   float* vf = reinterpret_cast<float*>(vp);
   for (int64_t j = 0; j < kKeys; ++j) {
-    if (j >= n) {
-      for (int64_t d = 0; d < HD; ++d) kf[d * kKeys + j] = 0.f;
-      for (int64_t d = 0; d < HD; d += 8) _mm256_storeu_ps(vf + j * HD + d, _mm256_setzero_ps());
-      continue;
-    }
-    const int64_t t = t0 + j, row = (table[t / bs] * bs + t % bs) * HD;
     alignas(32) float k[HD];
     for (int64_t d = 0; d < HD; d += 8) {
-      _mm256_store_ps(k + d, widen8(kh + row + d));
-      _mm256_storeu_ps(vf + j * HD + d, widen8(vh + row + d));
+      _mm256_store_ps(k + d, krows[j] ? widen8(krows[j] + d) : _mm256_setzero_ps());
+      _mm256_storeu_ps(vf + j * HD + d, vrows[j] ? widen8(vrows[j] + d) : _mm256_setzero_ps());
     }
     for (int64_t d = 0; d < HD; ++d) kf[d * kKeys + j] = k[d];
   }
@@ -570,25 +582,12 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
   static_assert(HD % 16 == 0, "head size: a multiple of 16");
   const float* kp = reinterpret_cast<const float*>(kp_words);
   const float* vp = reinterpret_cast<const float*>(vp_words);
-  const int64_t nv = R * G, nv_pad = (nv + kQ - 1) / kQ * kQ;
-  int64_t max_len = 0;
-  for (int64_t r = 0; r < R; ++r) max_len = std::max(max_len, lens[r]);
-  const int64_t padded = (max_len + kKeys - 1) / kKeys * kKeys;
-  s.q.resize(nv_pad * HD);
-  s.scores.resize(nv_pad * padded);
-  s.p.resize(nv * padded);
-  s.inv.resize(nv);
-  for (int64_t v = 0; v < nv_pad; ++v) {  // the queries scaled; padding zero
-    float* dst = s.q.data() + v * HD;
-    const float* src = q + (v / G) * q_stride + (v % G) * HD;
-    for (int64_t i = 0; i < HD; i += 8)
-      _mm256_storeu_ps(dst + i, v < nv ? _mm256_mul_ps(_mm256_loadu_ps(src + i), _mm256_set1_ps(scale))
-                                       : _mm256_setzero_ps());
-  }
+  const TileSize t = size_tile(lens, R, G, HD, s);
+  const int64_t nv = t.nv, nv_pad = t.nv_pad, padded = t.padded;
+  scale_queries(q, q_stride, G, t, HD, scale, s.q.data());
   // Scores: kQ query vectors against a group of 16 keys (two registers) a pass.
   for (int64_t v0 = 0; v0 < nv_pad; v0 += kQ) {
-    int64_t len = 0;
-    for (int64_t v = v0; v < std::min(nv, v0 + kQ); ++v) len = std::max(len, lens[v / G]);
+    const int64_t len = longest(lens, G, nv, v0);
     const float* qv = s.q.data() + v0 * HD;
     float* sc = s.scores.data() + v0 * padded;
     for (int64_t t0 = 0; t0 < len; t0 += kKeys) {

@@ -360,7 +360,7 @@ class Q4DecodeStack {
     return r;
   }
 
-  // Whether this build attends prefill rows in tiles (AVX-512, on a bf16 cache).
+  // Whether this build attends prefill rows in tiles (AVX-512 or AVX2, on a bf16 cache).
   bool tiled_prefill() const {
 #ifdef SURGE_HAS_TILED_PREFILL
     return cache_dtype_ == at::kBFloat16;
@@ -700,7 +700,7 @@ class Q4DecodeStack {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("tier") = SURGE_TIER_NAME;  // the tier it was built for (cpu_features.h)
-#ifdef SURGE_HAS_TILED_PREFILL  // prefill_attention.h: bf16 tiles with AVX-512 BF16, else float32
+#ifdef SURGE_HAS_TILED_PREFILL  // prefill_attention.h: bf16 tiles with AVX-512 BF16, else float32 (AVX-512, AVX2)
   m.attr("tiled_prefill") = true;
 #else
   m.attr("tiled_prefill") = false;
