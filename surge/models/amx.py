@@ -10,13 +10,21 @@ epilogue's share grows as the products shrink), so at model load the two are tim
 model's own first-layer projections at 16 to 512 rows, alternating, and AMX takes the steps
 from the smallest row count where it wins at that count and every larger one.
 
+The fused stack's prefill attention tiles (kernels/prefill_attention_amx.h) take their two
+products (scores and values) on AMX-BF16 tiles where the CPU has them: not measured at load,
+since the tiles' sums round (in their last bits) unlike the AVX-512 BF16 ones, and a process's
+numbers should not hang on a timing; BENCHMARKS.md has the measured gain.
+
 SURGE_AMX (environment):
-    auto     (default) measure where the hardware passes its self-check, else VNNI only
-    off      VNNI only
-    on       AMX from 16 rows without measuring (where the self-check passes)
-    emulate  AMX's kernel with the tile operations in plain C++: tests of the kernel's
+    auto     (default) the int8 GEMM measured where the hardware passes its self-check, else
+             VNNI only; the attention on AMX where the CPU has AMX-BF16 (and its self-check
+             passes as the stack's module loads)
+    off      VNNI and AVX-512 BF16 only
+    on       the int8 GEMM on AMX from 16 rows without measuring (where the self-check passes);
+             the attention as auto
+    emulate  AMX's kernels with the tile operations in plain C++: tests of the kernels'
              indexing on CPUs without AMX (slow)
-The choice is process-wide (both kernel modules), and logged.
+The choice is process-wide (every kernel module), and logged.
 """
 
 from __future__ import annotations
@@ -25,12 +33,13 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from surge.models import kernels
+from surge.models.device import cpu_flags
 from surge.models.kernels import load_w8a8_linear
 from surge.models.quant import Int8Linear
 
@@ -47,11 +56,16 @@ class AmxChoice:
     engine: str  # "off", "hardware" or "emulated"
     min_rows: int  # steps of this many rows or more take AMX (engine not off)
     reason: str  # with the measured times where it measured
+    attention: str = "off"  # the prefill attention tiles' engine: "off", "hardware", "emulated"
 
     def describe(self) -> str:
         if self.engine == "off":
-            return f"int8 GEMM on AVX-512 VNNI ({self.reason})"
-        return f"int8 GEMM on AMX tiles ({self.engine}) from {self.min_rows} rows ({self.reason})"
+            gemm = f"int8 GEMM on AVX-512 VNNI ({self.reason})"
+        else:
+            gemm = f"int8 GEMM on AMX tiles ({self.engine}) from {self.min_rows} rows ({self.reason})"
+        if self.attention == "off":
+            return gemm
+        return f"{gemm}; prefill attention on AMX tiles ({self.attention})"
 
 
 def crossover(
@@ -128,8 +142,21 @@ def configure(model: nn.Module, mode: str | None = None) -> AmxChoice:
         raise ValueError(f"SURGE_AMX={mode!r}: one of {', '.join(MODES)}")
     choice = _choose(model, mode)
     set_engine(choice.engine, choice.min_rows)
-    (log.info if choice.engine != "off" or mode != "auto" else log.debug)(choice.describe())
+    attention = _attention_engine(mode)
+    if not kernels.set_amx_attention(_ENGINES[attention]):  # its module loaded, self-check failed
+        attention = "off"
+    choice = replace(choice, attention=attention)
+    on = choice.engine != "off" or attention != "off"
+    (log.info if on or mode != "auto" else log.debug)(choice.describe())
     return choice
+
+
+def _attention_engine(mode: str) -> str:
+    if mode == "off":
+        return "off"
+    if mode == "emulate":
+        return "emulated"
+    return "hardware" if {"amx_tile", "amx_bf16"} <= cpu_flags() else "off"
 
 
 def _choose(model: nn.Module, mode: str) -> AmxChoice:

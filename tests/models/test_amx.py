@@ -124,19 +124,24 @@ def test_the_engine_answers_the_same_on_amx_tiles(tiny_q4_dir: Path, engine: str
 @needs_vnni
 def test_surge_amx_reaches_the_fused_stack(tiny_q4_dir: Path) -> None:
     """SURGE_AMX in a fresh process (no kernel module loaded before the engine starts): the
-    fused stack's own module runs the AMX kernel for a 40-row prefill."""
+    fused stack's own module runs the AMX kernels for a 40-row prefill, the int8 GEMM's and,
+    on a bf16 cache where the build has the tiles, the prefill attention's."""
     script = (
         "import sys\n"
         "from surge import LLM, SamplingParams\n"
         "from surge.models.kernels import load_q4_decode\n"
-        "llm = LLM(sys.argv[1], dtype='float32', quantization='q4', enable_prefix_caching=False)\n"
+        "llm = LLM(sys.argv[1], dtype='bfloat16', quantization='q4', enable_prefix_caching=False)\n"
         "assert llm.engine.runner.fused is not None\n"
-        "before = load_q4_decode().amx_calls()\n"
+        "m = load_q4_decode()\n"
+        "gemm, attn = m.amx_calls(), m.amx_attention_calls()\n"
         "llm.generate([[5] * 40], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)\n"
-        "print(load_q4_decode().amx_calls() - before)\n"
+        "print(m.amx_calls() - gemm, m.amx_attention_calls() - attn, int(m.amx_attention_ok()))\n"
     )
     env = dict(os.environ, SURGE_AMX="emulate")
     run = subprocess.run([sys.executable, "-c", script, str(tiny_q4_dir)], env=env,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    assert int(run.stdout.strip().splitlines()[-1]) > 0  # the 40-row prefill on AMX's kernel
+    gemm, attn, _ = (int(x) for x in run.stdout.strip().splitlines()[-1].split())
+    assert gemm > 0  # the 40-row prefill's projections on AMX's kernel
+    if load_q4_decode().amx_attention_kernel:
+        assert attn > 0  # and its attention

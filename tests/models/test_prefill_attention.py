@@ -1,14 +1,20 @@
 """Tiled prefill attention (kernels/prefill_attention.h): the fused stack's prefill-chunk rows on
 a bf16 cache attend in tiles where the CPU has AVX-512 or AVX2 (bf16 products with AVX-512 BF16,
-else float32). A row's result must not depend on its tile, chunk or step, and stays within bf16
-rounding of the row-at-a-time kernel. Also run on the lower kernel tiers' float32 tiles
+else float32; on AMX-BF16 tiles where the CPU has them, prefill_attention_amx.h). A row's result
+must not depend on its tile, chunk or step, and stays within bf16 rounding of the row-at-a-time
+kernel. Each test runs on every engine of the tiles here: the CPU's vector tiles, the AMX kernel
+with its tile operations emulated (any CPU with AVX-512 BF16: the kernel's indexing), and AMX
+itself where the CPU has it. Also run on the lower kernel tiers' float32 tiles
 (tests/models/test_kernel_tiers.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
+from surge.models import kernels
 from surge.models.attention import AttnMetadata
 from surge.models.q4_decode import FusedQ4Decode
 from surge.models.spec import ModelSpec
@@ -28,6 +34,23 @@ needs_tiles = pytest.mark.skipif(
     module is None or not module.supported or not module.tiled_prefill,
     reason="tiled prefill attention needs AVX-512 or AVX2",
 )
+ENGINES = {"vector": 0, "amx": 1, "amx-emulated": 2}
+
+
+@pytest.fixture(params=list(ENGINES))
+def engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The tiles' engine for the test (process-wide; back to the vector tiles after it)."""
+    name = request.param
+    if name != "vector" and (module is None or not module.amx_attention_kernel):
+        pytest.skip("no AMX attention kernel in this build (needs AVX-512 BF16)")
+    if name == "amx" and not module.amx_attention_ok():
+        pytest.skip("no usable AMX-BF16 on this CPU")
+    assert kernels.set_amx_attention(ENGINES[name])
+    before = module.amx_attention_calls() if name != "vector" else 0
+    yield name
+    if name != "vector":
+        assert module.amx_attention_calls() > before  # the tiles took the engine
+    assert kernels.set_amx_attention(0)
 
 
 def chunk_step(
@@ -75,7 +98,7 @@ def chunk_step(
     ],
 )
 def test_tiled_prefill_rows_are_the_same_in_any_chunking_and_batch(
-    q4_max_rows: int, pieces: tuple[int, ...], decodes: list[int], num_heads: int
+    q4_max_rows: int, pieces: tuple[int, ...], decodes: list[int], num_heads: int, engine: str
 ) -> None:
     """On a bf16 cache the chunk's rows attend in tiles (prefill_attention.h). A row's result
     must not depend on which rows share its tile, chunk or step: the whole 150-token chunk in
@@ -112,7 +135,7 @@ def test_tiled_prefill_rows_are_the_same_in_any_chunking_and_batch(
 
 
 @needs_tiles
-def test_tiled_prefill_attention_against_rows_one_at_a_time() -> None:
+def test_tiled_prefill_attention_against_rows_one_at_a_time(engine: str) -> None:
     """The tiles round the softmax weights to bf16 for the value products, where the
     row-at-a-time kernel keeps them float32: the outputs of a 150-token chunk (2 layers, K/V of
     later rows from earlier ones) stay within bf16's rounding of the row-at-a-time ones, and a

@@ -31,6 +31,8 @@ _cache: dict[str, ModuleType | None] = {}
 # them), applied to every module that has one as it loads: a module loaded after the choice
 # (the fused stack's, built later than the model) gets it too.
 _amx_setting: tuple[int, int] = (0, 16)
+# The prefill attention tiles' engine (set_amx_attention's argument), applied the same way.
+_amx_attention_setting = 0
 # Every kernel module, by its source's name (`python -m surge.models.kernels` builds them all).
 KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode", "w8a8_linear", "token_mask")
 # The -march of each tier (cpu_features.h works the tier out from the macros these set): native
@@ -132,6 +134,9 @@ def _load(name: str, build_dir: Path | None) -> ModuleType | None:
     _cache[name] = module
     if module is not None and hasattr(module, "set_amx"):
         module.set_amx(*_amx_setting)
+    if module is not None and hasattr(module, "set_amx_attention"):
+        if not module.set_amx_attention(_amx_attention_setting):
+            log.warning("AMX prefill attention failed its self-check: AVX-512 BF16 tiles instead")
     if module is not None:
         _register_fakes()
         took = time.perf_counter() - t0
@@ -159,6 +164,19 @@ def set_amx(mode: int, min_rows: int) -> bool:
         return False
     _amx_setting = (mode, min_rows)
     return all([m.set_amx(mode, min_rows) for m in modules])
+
+
+def set_amx_attention(mode: int) -> bool:
+    """The fused stack's prefill attention tiles' engine (0 AVX-512 BF16, 1 AMX, 2 AMX emulated)
+    in its module, now where it is loaded, else as it loads (not built for this: a model that
+    never runs the stack never pays its build). False where the loaded module refuses it (the
+    hardware asked for where it fails its self-check; nothing changed then)."""
+    global _amx_attention_setting
+    module = _cache.get("q4_decode")
+    if module is not None and not module.set_amx_attention(mode):
+        return False
+    _amx_attention_setting = mode
+    return True
 
 
 def load_paged_decode(build_dir: Path | None = None) -> ModuleType | None:

@@ -18,15 +18,10 @@
 // equal to the VNNI tiles; `EmuTiles` runs the same kernel with the tile operations in plain
 // C++, so the kernel's indexing is tested on CPUs without AMX (SURGE_AMX=emulate).
 #pragma once
+#include "amx_tiles.h"
 #include "w8a8_gemm.h"
 
-#if SURGE_TIER >= SURGE_TIER_AVX512_VNNI && defined(__x86_64__)
-#define SURGE_HAS_AMX_PATH 1
-#include <cpuid.h>
-#include <csetjmp>
-#include <csignal>
-#include <sys/syscall.h>
-#include <unistd.h>
+#ifdef SURGE_HAS_AMX_PATH
 #include <atomic>
 #include <random>
 #endif
@@ -38,104 +33,17 @@ namespace surge::w8a8 {
 enum AmxMode : int { kAmxOff = 0, kAmxHardware = 1, kAmxEmulated = 2 };
 
 #ifdef SURGE_HAS_AMX_PATH
+using surge::amx::EmuTiles;
+using surge::amx::HwTiles;
 inline std::atomic<int> g_amx_mode{kAmxOff};
 inline std::atomic<int64_t> g_amx_min_rows{16};
 inline std::atomic<int64_t> g_amx_calls{0};  // thread-calls of the AMX kernel, for tests and checks
 
 constexpr int64_t kTileK = 64;  // bytes of k per tile row
 
-// The 64-byte tile configuration LDTILECFG reads (palette 1).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-#define SURGE_AMX_TARGET __attribute__((target("amx-tile,amx-int8")))
-
-// The AMX instructions themselves.
-struct HwTiles {
-  SURGE_AMX_TARGET static void configure() {
-    TileConfig cfg;
-    for (int i = 0; i < 8; ++i) {
-      cfg.colsb[i] = 64;
-      cfg.rows[i] = 16;
-    }
-    _tile_loadconfig(&cfg);
-  }
-  SURGE_AMX_TARGET static void release() { _tile_release(); }
-  // The intrinsics paste the tile number into the instruction's text: a literal, never a
-  // template parameter, hence the chains.
-  template <int T>
-  SURGE_AMX_TARGET static void zero() {
-    static_assert(T >= 0 && T <= 3, "accumulators are tmm0-3");
-    if constexpr (T == 0) _tile_zero(0);
-    else if constexpr (T == 1) _tile_zero(1);
-    else if constexpr (T == 2) _tile_zero(2);
-    else _tile_zero(3);
-  }
-  template <int T>
-  SURGE_AMX_TARGET static void load(const void* p, int64_t stride) {
-    static_assert(T >= 4 && T <= 7, "operands are tmm4-7");
-    if constexpr (T == 4) _tile_loadd(4, p, stride);
-    else if constexpr (T == 5) _tile_loadd(5, p, stride);
-    else if constexpr (T == 6) _tile_loadd(6, p, stride);
-    else _tile_loadd(7, p, stride);
-  }
-  template <int T>
-  SURGE_AMX_TARGET static void store(void* p, int64_t stride) {
-    static_assert(T >= 0 && T <= 3, "accumulators are tmm0-3");
-    if constexpr (T == 0) _tile_stored(0, p, stride);
-    else if constexpr (T == 1) _tile_stored(1, p, stride);
-    else if constexpr (T == 2) _tile_stored(2, p, stride);
-    else _tile_stored(3, p, stride);
-  }
-  template <int C, int A, int B>
-  SURGE_AMX_TARGET static void dpbusd() {
-    if constexpr (C == 0 && A == 4 && B == 6) _tile_dpbusd(0, 4, 6);
-    else if constexpr (C == 1 && A == 4 && B == 7) _tile_dpbusd(1, 4, 7);
-    else if constexpr (C == 2 && A == 5 && B == 6) _tile_dpbusd(2, 5, 6);
-    else if constexpr (C == 3 && A == 5 && B == 7) _tile_dpbusd(3, 5, 7);
-    else static_assert(C < 0, "the kernel's four products only");
-  }
-};
-
-// The same operations on a thread's array of eight 16 x 64-byte tiles, as the instruction set
-// reference defines them (TDPBUSD: C[m][n] += sum over i < 64 of u8 A[m][i] * s8 B[i/4][4n + i%4]).
-struct EmuTiles {
-  static inline thread_local uint8_t t[8][16][64];
-  static void configure() {}
-  static void release() {}
-  template <int T>
-  static void zero() { std::memset(t[T], 0, sizeof(t[T])); }
-  template <int T>
-  static void load(const void* p, int64_t stride) {
-    for (int r = 0; r < 16; ++r)
-      std::memcpy(t[T][r], static_cast<const uint8_t*>(p) + r * stride, 64);
-  }
-  template <int T>
-  static void store(void* p, int64_t stride) {
-    for (int r = 0; r < 16; ++r) std::memcpy(static_cast<uint8_t*>(p) + r * stride, t[T][r], 64);
-  }
-  template <int C, int A, int B>
-  static void dpbusd() {
-    for (int m = 0; m < 16; ++m)
-      for (int n = 0; n < 16; ++n) {
-        int32_t acc;
-        std::memcpy(&acc, t[C][m] + 4 * n, 4);
-        for (int i = 0; i < 64; ++i)
-          acc += static_cast<int32_t>(t[A][m][i]) *
-                 static_cast<int32_t>(static_cast<int8_t>(t[B][i / 4][4 * n + i % 4]));
-        std::memcpy(t[C][m] + 4 * n, &acc, 4);
-      }
-  }
-};
-
 // Accumulator tile C (rows m0.., block b) through memory into the shared epilogue.
 template <class Tiles, int C, typename T, bool ADD>
-SURGE_AMX_TARGET inline void emit(const QuantRows& a, const Weights& w, int64_t m0, int64_t b,
-                                  Out<T, ADD> out) {
+inline void emit(const QuantRows& a, const Weights& w, int64_t m0, int64_t b, Out<T, ADD> out) {
   alignas(64) int32_t sums[16][16];
   Tiles::template store<C>(sums, 64);
   const Channels c(w, b);
@@ -145,8 +53,7 @@ SURGE_AMX_TARGET inline void emit(const QuantRows& a, const Weights& w, int64_t 
 
 // Blocks [b0, b1) of the output channels for all rows of `a` (a.Kp a multiple of 64).
 template <class Tiles, typename T, bool ADD>
-SURGE_AMX_TARGET void amx_gemm(const QuantRows& a, const Weights& w, int64_t b0, int64_t b1,
-                               Out<T, ADD> out) {
+void amx_gemm(const QuantRows& a, const Weights& w, int64_t b0, int64_t b1, Out<T, ADD> out) {
   const int64_t K4 = a.Kp / 4, steps = a.Kp / kTileK, lda = a.Kp;
   const uint8_t* A = a.q.data();
   g_amx_calls.fetch_add(1, std::memory_order_relaxed);
@@ -187,18 +94,6 @@ SURGE_AMX_TARGET void amx_gemm(const QuantRows& a, const Weights& w, int64_t b0,
   Tiles::release();
 }
 
-// The CPU reports AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25).
-inline bool amx_cpu() {
-  unsigned eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  return ((edx >> 24) & 1) && ((edx >> 25) & 1);
-}
-
-inline sigjmp_buf& probe_jump() {
-  static sigjmp_buf jump;
-  return jump;
-}
-
 // Runs the AMX kernel on a small problem against the VNNI tiles, with SIGILL caught (a
 // hypervisor may report AMX and still fault on it): true only when both give the same bits.
 inline bool self_check() {
@@ -222,16 +117,8 @@ inline bool self_check() {
   quantize_rows_u8(x.data(), 0, M, K, a);
   std::vector<float> want(M * N), got(M * N, -1.f);
   gemm_blocks(a, w, 0, w.blocks(), Out<float, false>{want.data(), N});
-  struct sigaction on_ill {}, before {};
-  on_ill.sa_handler = [](int) { siglongjmp(probe_jump(), 1); };
-  sigemptyset(&on_ill.sa_mask);
-  sigaction(SIGILL, &on_ill, &before);
-  bool ran = false;
-  if (sigsetjmp(probe_jump(), 1) == 0) {
-    amx_gemm<HwTiles>(a, w, 0, w.blocks(), Out<float, false>{got.data(), N});
-    ran = true;
-  }
-  sigaction(SIGILL, &before, nullptr);
+  const bool ran = surge::amx::runs_without_sigill(
+      [&] { amx_gemm<HwTiles>(a, w, 0, w.blocks(), Out<float, false>{got.data(), N}); });
   return ran && std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0;
 }
 
@@ -239,10 +126,8 @@ inline bool self_check() {
 // state, and the self-check passes. Worked out once.
 inline bool hardware_ok() {
   static const bool ok = [] {
-    if (!amx_cpu()) return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;  // asm/prctl.h, XFEATURE_XTILEDATA
-    if (syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) != 0) return false;
-    return self_check();
+    return surge::amx::cpu_has(surge::amx::kAmxInt8) && surge::amx::tile_permission() &&
+           self_check();
   }();
   return ok;
 }

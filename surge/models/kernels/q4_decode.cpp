@@ -38,6 +38,7 @@
 #include "amx_gemm.h"
 #include "decode_attention.h"
 #include "prefill_attention.h"
+#include "prefill_attention_amx.h"
 #include "lora_rows.h"
 #include "cpu_features.h"
 
@@ -421,6 +422,10 @@ class Q4DecodeStack {
     if (!tiled_prefill() || first >= M) return;
     tiled_from_ = first;
 #ifdef SURGE_HAS_TILED_PREFILL
+#ifdef SURGE_HAS_AMX_ATTENTION
+    // The engine for this step's tiles, read once: the packing and the tiles' sizes follow it.
+    amx_attention_ = surge::prefill::g_amx_attention.load(std::memory_order_relaxed);
+#endif
     const int64_t words = hd_ == 64 ? surge::prefill::kGroupWords<64> : surge::prefill::kGroupWords<128>;
     int64_t off = 0;
     for (int64_t m = first; m < M;) {
@@ -430,7 +435,8 @@ class Q4DecodeStack {
         len = std::max(len, lens[end]);
         ++end;
       }
-      const int64_t groups = (len + surge::prefill::kKeys - 1) / surge::prefill::kKeys;
+      int64_t groups = (len + surge::prefill::kKeys - 1) / surge::prefill::kKeys;
+      if (amx_attention_) groups = surge::prefill::amx_groups(groups);  // the extra one zero
       for (int64_t h = 0; h < kv_heads_; ++h)
         for (int64_t g = 0; g < groups; g += kPackGroups)
           packs_.push_back(Pack{static_cast<int64_t>(runs_.size()), h, g,
@@ -441,8 +447,11 @@ class Q4DecodeStack {
     }
     packed_.resize(off * kv_heads_);
     packed_head_stride_ = off;
-    // Rows per tile: about 24 query vectors (three batches of 8 scored at once).
-    const int64_t rows_per_tile = std::max<int64_t>(1, 24 / (heads_ / kv_heads_));
+    // Rows per tile: about 24 query vectors (three batches of 8 scored at once); on AMX, 48
+    // (three A tiles of 16).
+    const int64_t group = heads_ / kv_heads_;
+    const int64_t rows_per_tile = amx_attention_ ? surge::prefill::amx_rows_per_tile(group)
+                                                 : std::max<int64_t>(1, 24 / group);
     for (int64_t i = static_cast<int64_t>(runs_.size()) - 1; i >= 0; --i) {
       const Run& r = runs_[i];
       for (int64_t e = r.rows; e > 0; e -= rows_per_tile)
@@ -490,9 +499,22 @@ class Q4DecodeStack {
       const uint32_t* kp = packed_.data() + t.kvh * packed_head_stride_ + r.kv_off;
       const uint32_t* vp = kp + r.groups * kGroupWords<HD>;
       const int64_t m0 = r.row0 + t.r0, h0 = t.kvh * group;
-      surge::prefill::attend_tile<HD>(qkv_.data() + m0 * qkv_n_ + h0 * HD, qkv_n_, s.lens + m0,
-                                      t.r1 - t.r0, group, kp, vp, scale, scratch,
-                                      attn_.data() + m0 * q_size + h0 * HD, q_size);
+      const float* q = qkv_.data() + m0 * qkv_n_ + h0 * HD;
+      float* o = attn_.data() + m0 * q_size + h0 * HD;
+#ifdef SURGE_HAS_AMX_ATTENTION
+      if (amx_attention_ == 1) {
+        surge::prefill::attend_tile_amx<surge::amx::HwTiles, HD>(
+            q, qkv_n_, s.lens + m0, t.r1 - t.r0, group, kp, vp, scale, scratch, o, q_size);
+        continue;
+      }
+      if (amx_attention_ == 2) {
+        surge::prefill::attend_tile_amx<surge::amx::EmuTiles, HD>(
+            q, qkv_n_, s.lens + m0, t.r1 - t.r0, group, kp, vp, scale, scratch, o, q_size);
+        continue;
+      }
+#endif
+      surge::prefill::attend_tile<HD>(q, qkv_n_, s.lens + m0, t.r1 - t.r0, group, kp, vp, scale,
+                                      scratch, o, q_size);
     }
   }
 #else
@@ -687,6 +709,7 @@ class Q4DecodeStack {
   std::vector<Tile> tiles_;
   std::vector<Pack> packs_;
   int64_t tiled_from_ = 0;
+  int amx_attention_ = 0;  // the step's engine for the tiles' products (prefill_attention_amx.h)
   std::vector<uint32_t> packed_;
   int64_t packed_head_stride_ = 0;
   // The activations the next 4-bit / int8 projection reads, by input width (sized before the
@@ -709,6 +732,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_hardware_ok", &surge::w8a8::hardware_ok);
   m.def("set_amx", &surge::w8a8::set_amx);
   m.def("amx_calls", &surge::w8a8::amx_calls);
+  // The prefill attention tiles' engine (prefill_attention_amx.h; surge/models/amx.py sets it).
+#ifdef SURGE_HAS_AMX_ATTENTION
+  m.attr("amx_attention_kernel") = true;  // built with the kernel (AVX-512 BF16 builds)
+#else
+  m.attr("amx_attention_kernel") = false;
+#endif
+  m.def("amx_attention_ok", &surge::prefill::amx_attention_ok);
+  m.def("set_amx_attention", &surge::prefill::set_amx_attention);
+  m.def("amx_attention_calls", [] {
+#ifdef SURGE_HAS_AMX_ATTENTION
+    return surge::prefill::g_amx_attention_calls.load();
+#else
+    return int64_t{0};
+#endif
+  });
 #if SURGE_TIER >= SURGE_TIER_AVX2  // q4_gemv.h's vectorized GEMV
   m.attr("supported") = true;
   pybind11::class_<Q4DecodeStack>(m, "Q4DecodeStack")
