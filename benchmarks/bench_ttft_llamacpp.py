@@ -12,8 +12,11 @@ to the slot with the longest common prefix). Both serve the same GGUF (SmolLM2-1
 TTFT: for each prompt length and concurrency, `c` streamed chat requests of fresh random words
 (nothing cached) sent at once, then the same `c` prompts with a few words more (their prefix
 cached); TTFT is from sending to the first chunk with text. The two servers alternate round by
-round. Throughput: `surge bench sweep` at `--streams` concurrent streams (128 prompt and 128
-output tokens), a llama-server with that many slots. Medians, and llama.cpp/Surge ratios.
+round; each server's turn starts `--settle` seconds after the other's last answer (llama.cpp's
+threads poll for work a while after a batch, by default, and would take the CPU from a request
+sent at once). Throughput: `surge bench sweep` at `--streams` concurrent streams (128 prompt
+and 128 output tokens), a llama-server with that many slots. Medians, and llama.cpp/Surge
+ratios.
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--new-words", type=int, default=8)
     ap.add_argument("--streams", type=int, default=64, help="0: no throughput part")
+    ap.add_argument("--settle", type=float, default=0.5, help="seconds between the servers' turns")
     ap.add_argument("--work", type=Path, default=Path("/tmp/surge-llamacpp"))
     ap.add_argument("extra", nargs="*", help="surge serve flags, after --")
     args = ap.parse_args()
@@ -163,6 +167,7 @@ def main() -> None:
                             bases = [f"{tag} {i} " + text_of(length, surge, client, rng)
                                      for i in range(c)]  # fmt: skip
                             tail = " " + " ".join(rng.choice(WORDS) for _ in range(args.new_words))
+                            time.sleep(args.settle)  # the other server's threads idle again
                             times.setdefault((name, length, c, "uncached"), []).extend(
                                 at_once(url, bases)
                             )
