@@ -64,7 +64,8 @@ class AmxChoice:
         if self.engine == "off":
             gemm = f"int8 GEMM on AVX-512 VNNI ({self.reason})"
         else:
-            gemm = f"int8 GEMM on AMX tiles ({self.engine}) from {self.min_rows} rows ({self.reason})"
+            rows = f"from {self.min_rows} rows"
+            gemm = f"int8 GEMM on AMX tiles ({self.engine}) {rows} ({self.reason})"
         if self.attention == "off":
             return gemm
         return f"{gemm}; prefill attention on AMX tiles ({self.attention})"

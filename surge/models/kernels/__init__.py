@@ -134,9 +134,9 @@ def _load(name: str, build_dir: Path | None) -> ModuleType | None:
     _cache[name] = module
     if module is not None and hasattr(module, "set_amx"):
         module.set_amx(*_amx_setting)
-    if module is not None and hasattr(module, "set_amx_attention"):
-        if not module.set_amx_attention(_amx_attention_setting):
-            log.warning("AMX prefill attention failed its self-check: AVX-512 BF16 tiles instead")
+    attention = getattr(module, "set_amx_attention", None)
+    if attention is not None and not attention(_amx_attention_setting):
+        log.warning("AMX prefill attention failed its self-check: AVX-512 BF16 tiles instead")
     if module is not None:
         _register_fakes()
         took = time.perf_counter() - t0
