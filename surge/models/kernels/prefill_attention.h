@@ -261,6 +261,25 @@ inline void values_bf16(const uint16_t* p, int64_t row, int64_t padded, int64_t 
     }
 }
 
+// bf16 tiles' queries: row r's head g at q + r * q_stride + g * hd, scaled and rounded to bf16
+// (as the decode kernel rounds them), vector after vector; the padding vectors zero. The AMX
+// tiles' too (prefill_attention_amx.h).
+inline void scale_queries(const float* q, int64_t q_stride, int64_t G, const TileSize& t,
+                          int64_t hd, float scale, uint16_t* dst) {
+  for (int64_t v = 0; v < t.nv_pad; ++v, dst += hd) {
+    if (v >= t.nv) {
+      std::memset(dst, 0, hd * sizeof(uint16_t));
+      continue;
+    }
+    const float* src = q + (v / G) * q_stride + (v % G) * hd;
+    for (int64_t i = 0; i < hd; i += 32) {
+      const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(src + i), _mm512_set1_ps(scale));
+      const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(src + i + 16), _mm512_set1_ps(scale));
+      _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+  }
+}
+
 // One tile: R rows of a request, row r with G query heads at q + r * q_stride (float32, head
 // after head) attending its first lens[r] keys; kp / vp: the request's packed groups for this
 // KV head (covering every row's keys); the output rows at out + r * out_stride.
@@ -270,20 +289,7 @@ void attend_tile(const float* q, int64_t q_stride, const int64_t* lens, int64_t 
                  int64_t out_stride) {
   const TileSize t = size_tile(lens, R, G, HD, s);
   const int64_t nv = t.nv, nv_pad = t.nv_pad, padded = t.padded;
-  // The queries scaled and rounded to bf16 (as the decode kernel rounds them); padding zero.
-  for (int64_t v = 0; v < nv_pad; ++v) {
-    uint16_t* dst = s.q.data() + v * HD;
-    if (v >= nv) {
-      std::memset(dst, 0, HD * sizeof(uint16_t));
-      continue;
-    }
-    const float* src = q + (v / G) * q_stride + (v % G) * HD;
-    for (int64_t i = 0; i < HD; i += 32) {
-      const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(src + i), _mm512_set1_ps(scale));
-      const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(src + i + 16), _mm512_set1_ps(scale));
-      _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-    }
-  }
+  scale_queries(q, q_stride, G, t, HD, scale, s.q.data());
   // Scores, 8 query vectors against 16 keys at a time, up to the longest of the 8 rows' keys.
   for (int64_t v0 = 0; v0 < nv_pad; v0 += kQ) {
     const int64_t len = longest(lens, G, nv, v0);

@@ -129,20 +129,7 @@ void attend_tile_amx(const float* q, int64_t q_stride, const int64_t* lens, int6
   s.scores.resize(nv_pad * padded);
   s.p.resize(nv_pad * padded);
   s.inv.resize(nv_pad);
-  // The queries scaled and rounded to bf16, as the AVX-512 BF16 tiles round them; padding zero.
-  for (int64_t v = 0; v < nv_pad; ++v) {
-    uint16_t* dst = s.q.data() + v * HD;
-    if (v >= nv) {
-      std::memset(dst, 0, HD * sizeof(uint16_t));
-      continue;
-    }
-    const float* src = q + (v / G) * q_stride + (v % G) * HD;
-    for (int64_t i = 0; i < HD; i += 32) {
-      const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(src + i), _mm512_set1_ps(scale));
-      const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(src + i + 16), _mm512_set1_ps(scale));
-      _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-    }
-  }
+  scale_queries(q, q_stride, G, TileSize{nv, nv_pad, padded}, HD, scale, s.q.data());
   g_amx_attention_calls.fetch_add(1, std::memory_order_relaxed);
   Tiles::configure();
   // Scores: each block of 16 vectors against its longest row's key groups, four at a time.
