@@ -10,15 +10,18 @@ epilogue's share grows as the products shrink), so at model load the two are tim
 model's own first-layer projections at 8 to 512 rows, alternating, and AMX takes the steps
 from the smallest row count where it wins at that count and every larger one.
 
-The fused stack's prefill attention tiles have an AMX-BF16 kernel (kernels/prefill_attention_amx.h)
-that stays off on hardware for now: beside the int8 GEMM on AMX tiles it gave wrong answers
-(see _attention_engine); only SURGE_AMX=emulate runs it (emulated), for its tests.
+The fused stack's prefill attention tiles (kernels/prefill_attention_amx.h) take their two
+products (scores and values) on AMX-BF16 tiles where the CPU has them: not measured at load,
+since the tiles' sums round (in their last bits) unlike the AVX-512 BF16 ones, and a process's
+numbers should not hang on a timing; BENCHMARKS.md has the measured gain.
 
 SURGE_AMX (environment):
     auto     (default) the int8 GEMM measured where the hardware passes its self-check, else
-             VNNI only
+             VNNI only; the attention on AMX where the CPU has AMX-BF16 (and its self-check
+             passes as the stack's module loads)
     off      VNNI and AVX-512 BF16 only
-    on       the int8 GEMM on AMX from 16 rows without measuring (where the self-check passes)
+    on       the int8 GEMM on AMX from 16 rows without measuring (where the self-check passes);
+             the attention as auto
     emulate  AMX's kernels with the tile operations in plain C++: tests of the kernels'
              indexing on CPUs without AMX (slow)
 The choice is process-wide (every kernel module), and logged.
@@ -36,6 +39,7 @@ import torch
 from torch import nn
 
 from surge.models import kernels
+from surge.models.device import cpu_flags
 from surge.models.kernels import load_w8a8_linear
 from surge.models.quant import Int8Linear
 
@@ -151,12 +155,11 @@ def configure(model: nn.Module, mode: str | None = None) -> AmxChoice:
 
 
 def _attention_engine(mode: str) -> str:
-    # Hardware AMX attention stays off: on a Xeon it gave wrong answers when the int8 GEMM ran
-    # on AMX tiles too (a 34-token chat prompt answered with nonsense; each kernel alone, and
-    # either one emulated beside the other, answered right). Not yet understood; BENCHMARKS.md.
+    if mode == "off":
+        return "off"
     if mode == "emulate":
         return "emulated"
-    return "off"
+    return "hardware" if {"amx_tile", "amx_bf16"} <= cpu_flags() else "off"
 
 
 def _choose(model: nn.Module, mode: str) -> AmxChoice:
