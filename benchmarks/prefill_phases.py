@@ -1,0 +1,53 @@
+"""Where a fresh prefill's time goes: the fused stack's phase timers over one prompt, median of
+rounds, with the engine the process chose (SURGE_AMX picks it: run once with `off` and once with
+the default to compare the VNNI and AMX engines in one sitting).
+
+    SURGE_AMX=off python benchmarks/prefill_phases.py [--length 1024] [--rounds 5]
+
+Each round prefills a fresh slice of Pride and Prejudice (no prefix-cache hit) for one token;
+two warm-up rounds first. Prints the prefill's median time and each phase's median (ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from bench_prefill_attention import DATA, fused_path, run_all
+
+from surge import LLM, SamplingParams
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    llm = LLM("smollm2-135m", max_num_seqs=4, enable_prefix_caching=False)
+    stack = fused_path(llm).fused.stack
+    chapter = llm.tokenizer.encode((DATA / "pride_and_prejudice_ch1.txt").read_text())
+    ids = chapter * (2 + (131 * (args.rounds + 2) + args.length) // len(chapter))
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    total: list[float] = []
+    phases: dict[str, list[float]] = {}
+    for r in range(args.rounds + 2):
+        prompt = ids[r * 131 : r * 131 + args.length]  # a fresh prefix each round
+        stack.phase_seconds()  # reset
+        t = time.perf_counter()
+        run_all(llm, [prompt], one)
+        took = time.perf_counter() - t
+        timers = dict(stack.phase_seconds())
+        if r >= 2:
+            total.append(took * 1e3)
+            for name, sec in timers.items():
+                phases.setdefault(name, []).append(sec * 1e3)
+    med = {name: statistics.median(v) for name, v in phases.items()}
+    print(f"SURGE_AMX={os.environ.get('SURGE_AMX', 'auto')}: {args.length}-token prefill "
+          f"{statistics.median(total):.1f} ms, the stack {sum(med.values()):.1f} ms:")  # fmt: skip
+    print("  " + ", ".join(f"{name} {ms:.1f}" for name, ms in med.items()))
+
+
+if __name__ == "__main__":
+    main()
