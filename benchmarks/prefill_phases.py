@@ -2,10 +2,12 @@
 rounds, with the engine the process chose (SURGE_AMX picks it: run once with `off` and once with
 the default to compare the VNNI and AMX engines in one sitting).
 
-    SURGE_AMX=off python benchmarks/prefill_phases.py [--length 1024] [--rounds 5]
+    SURGE_AMX=off python benchmarks/prefill_phases.py [--length 1024] [--rounds 5] [--new 0]
 
 Each round prefills a fresh slice of Pride and Prejudice (no prefix-cache hit) for one token;
-two warm-up rounds first. Prints the prefill's median time and each phase's median (ms).
+with `--new N`, that prefill is untimed and the round times the same prompt with N tokens more
+(a prefix-cache hit: a step of N rows against the cached keys). Two warm-up rounds first.
+Prints the timed step's median and each phase's median (ms).
 """
 
 from __future__ import annotations
@@ -24,16 +26,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--length", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--new", type=int, default=0, help="time a cache hit of this many tokens")
     args = ap.parse_args()
-    llm = LLM("smollm2-135m", max_num_seqs=4, enable_prefix_caching=False)
+    llm = LLM("smollm2-135m", max_num_seqs=4, enable_prefix_caching=args.new > 0)
     stack = fused_path(llm).fused.stack
     chapter = llm.tokenizer.encode((DATA / "pride_and_prejudice_ch1.txt").read_text())
-    ids = chapter * (2 + (131 * (args.rounds + 2) + args.length) // len(chapter))
+    ids = chapter * (2 + (131 * (args.rounds + 2) + args.length + args.new) // len(chapter))
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     total: list[float] = []
     phases: dict[str, list[float]] = {}
     for r in range(args.rounds + 2):
         prompt = ids[r * 131 : r * 131 + args.length]  # a fresh prefix each round
+        if args.new:
+            run_all(llm, [prompt], one)  # cached from here on
+            prompt = ids[r * 131 : r * 131 + args.length + args.new]
         stack.phase_seconds()  # reset
         t = time.perf_counter()
         run_all(llm, [prompt], one)
@@ -44,7 +50,12 @@ def main() -> None:
             for name, sec in timers.items():
                 phases.setdefault(name, []).append(sec * 1e3)
     med = {name: statistics.median(v) for name, v in phases.items()}
-    print(f"SURGE_AMX={os.environ.get('SURGE_AMX', 'auto')}: {args.length}-token prefill "
+    what = (
+        f"{args.new} new tokens after {args.length} cached"
+        if args.new
+        else f"{args.length}-token prefill"
+    )
+    print(f"SURGE_AMX={os.environ.get('SURGE_AMX', 'auto')}: {what} "
           f"{statistics.median(total):.1f} ms, the stack {sum(med.values()):.1f} ms:")  # fmt: skip
     print("  " + ", ".join(f"{name} {ms:.1f}" for name, ms in med.items()))
 

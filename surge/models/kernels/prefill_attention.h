@@ -104,10 +104,12 @@ inline TileSize size_tile(const int64_t* lens, int64_t R, int64_t G, int64_t hd,
   return {nv, nv_pad, padded};
 }
 
-// The most keys any of query vectors [v0, min(nv, v0 + kQ)) sees.
-inline int64_t longest(const int64_t* lens, int64_t G, int64_t nv, int64_t v0) {
+// The most keys any of query vectors [v0, min(nv, v0 + width)) sees (width: the vectors scored
+// at once, kQ, or an AMX tile's 16).
+inline int64_t longest(const int64_t* lens, int64_t G, int64_t nv, int64_t v0,
+                       int64_t width = kQ) {
   int64_t len = 0;
-  for (int64_t v = v0; v < std::min(nv, v0 + kQ); ++v) len = std::max(len, lens[v / G]);
+  for (int64_t v = v0; v < std::min(nv, v0 + width); ++v) len = std::max(len, lens[v / G]);
   return len;
 }
 

@@ -50,13 +50,6 @@ inline std::atomic<int64_t> g_amx_attention_calls{0};  // tiles attended on AMX,
 constexpr int64_t kAmxVectors = 16;  // query vectors per A tile
 constexpr int64_t kAmxKeys = 32;     // keys per A tile of weights (a row's weights padded to it)
 
-// The most keys any of vectors [v0, min(nv, v0 + 16)) sees.
-inline int64_t longest16(const int64_t* lens, int64_t G, int64_t nv, int64_t v0) {
-  int64_t len = 0;
-  for (int64_t v = v0; v < std::min(nv, v0 + kAmxVectors); ++v) len = std::max(len, lens[v / G]);
-  return len;
-}
-
 // Scores of 16 query vectors (their dimensions [d0, d0 + 64) in tmm4-5) against key groups
 // [g, g + NG) (NG <= 4): into sc (float32 rows `padded` apart), added to what sc holds where
 // d0 > 0.
@@ -134,7 +127,7 @@ void attend_tile_amx(const float* q, int64_t q_stride, const int64_t* lens, int6
   Tiles::configure();
   // Scores: each block of 16 vectors against its longest row's key groups, four at a time.
   for (int64_t v0 = 0; v0 < nv_pad; v0 += kAmxVectors) {
-    const int64_t groups = (longest16(lens, G, nv, v0) + kKeys - 1) / kKeys;
+    const int64_t groups = (longest(lens, G, nv, v0, kAmxVectors) + kKeys - 1) / kKeys;
     float* sc = s.scores.data() + v0 * padded;
     for (int64_t d0 = 0; d0 < HD; d0 += 64) {
       Tiles::template load<4>(s.q.data() + v0 * HD + d0, HD * 2);
@@ -155,7 +148,7 @@ void attend_tile_amx(const float* q, int64_t q_stride, const int64_t* lens, int6
   // the weights are zero past each row's keys, the packed values zero past the run's).
   alignas(64) float o[kAmxVectors * HD];
   for (int64_t v0 = 0; v0 < nv_pad; v0 += kAmxVectors) {
-    const int64_t len = longest16(lens, G, nv, v0);
+    const int64_t len = longest(lens, G, nv, v0, kAmxVectors);
     const int64_t keys = (len + kAmxKeys - 1) / kAmxKeys * kAmxKeys;
     for (int64_t d0 = 0; d0 < HD; d0 += 64)
       value_block<Tiles, HD>(s.p.data() + v0 * padded, padded, keys, vp, d0, o);
