@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,14 +200,21 @@ def observer(log_path: Path, url: str) -> AutoscaleProcess:
 
 
 def wait_for_metric(proc: AutoscaleProcess, name: str, timeout_s: float = 25.0) -> float:
+    """The history gauge once the load has been logged and the gauge agrees with the log.
+
+    The log line comes from inside the load and the gauge is set after it returns, so a
+    scrape between the two reads 0: wait for the logged count, not for the first scrape.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.proc.poll() is None, proc.log()
+        logged = re.search(r"forecast history: (\d+) points", proc.log())
+        expected = int(logged.group(1)) if logged else 0 if "without history" in proc.log() else None
         value = metric(proc, name)
-        if value is not None and (value > 0 or "forecast history" in proc.log()):
+        if expected is not None and value == expected:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"{name} not exported in {timeout_s}s\n{proc.log()}")
+    raise AssertionError(f"{name} not exported as logged in {timeout_s}s\n{proc.log()}")
 
 
 def test_surge_autoscale_loads_the_history_and_exports_it(
