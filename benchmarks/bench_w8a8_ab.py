@@ -4,6 +4,9 @@ revision, interleaved in one process (old_kernel.py builds the old source under 
 as in a step, bf16 activations, at several row counts.
 
     python benchmarks/bench_w8a8_ab.py --against REV [--rows 1,2,3,8,12,64] [--rounds 6]
+        [--amx MIN_ROWS]
+
+--amx runs both builds' AMX kernel from MIN_ROWS rows on (set_amx; on a CPU with AMX-INT8).
 
 Prints the median ms per 30 layers of each and old/new (above 1: this tree faster).
 """
@@ -29,10 +32,16 @@ def main() -> None:
     ap.add_argument("--rows", type=lambda s: [int(x) for x in s.split(",")],
                     default=[1, 2, 3, 4, 8, 9, 12, 13, 16, 20, 64, 256])  # fmt: skip
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--amx", type=int, default=0, help="AMX tiles from this many rows (0: off)")
     args = ap.parse_args()
-    if load_w8a8_linear() is None:
+    module = load_w8a8_linear()
+    if module is None:
         raise SystemExit("the compiled kernels do not build here")
-    build_old("w8a8_linear", args.against)
+    old_module = build_old("w8a8_linear", args.against)
+    if args.amx:
+        for m in (module, old_module):
+            if not hasattr(m, "set_amx") or not m.set_amx(1, args.amx):
+                raise SystemExit("--amx: a build without the AMX kernel, or no AMX here")
     ops = {"new": torch.ops.surge.w8a8_linear, "old": torch.ops.surge_old.w8a8_linear}
     torch.manual_seed(0)
     weights = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 from torch.utils.cpp_extension import load
 
@@ -19,9 +20,10 @@ def _show(rev: str, path: Path) -> str:
     ).stdout
 
 
-def build_old(name: str, rev: str) -> None:
+def build_old(name: str, rev: str) -> ModuleType:
     """Registers torch.ops.surge_old.* from KERNELS/<name>.cpp at `rev`, with the headers as
-    they were at `rev` (those that did not exist yet come from the working tree)."""
+    they were at `rev` (those that did not exist yet come from the working tree); returns the
+    module (its pybind functions, e.g. set_amx)."""
     src = _show(rev, KERNELS / f"{name}.cpp")
     for kind in ("TORCH_LIBRARY_FRAGMENT(surge,", "TORCH_LIBRARY_IMPL(surge,"):
         src = src.replace(kind, kind.replace("(surge,", "(surge_old,"))
@@ -37,7 +39,7 @@ def build_old(name: str, rev: str) -> None:
     for header in (Path(h) for h in listed if h.endswith(".h")):
         # Beside the source: a quoted #include finds these before the include path.
         (build / header.name).write_text(_show(rev, header))
-    load(
+    return load(
         name=f"surge_{name}_old",
         sources=[str(path)],
         # Hidden symbols: the header templates both builds instantiate must not resolve to the

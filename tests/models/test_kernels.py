@@ -28,8 +28,9 @@ from surge.models.kv_quant import dequantize_rows, quantize_rows
 )
 @pytest.mark.parametrize(
     ("block", "lengths"),
-    # Blocks of 4: each key's row looked up on its own; of 16 (the engine's): a tile of 16 keys
-    # is one block's rows, and the next tile's are fetched ahead (int8), across 10 blocks.
+    # Blocks of 4: each key's row looked up on its own, the block size a run-time value; of 16
+    # (the engine's, a compile-time constant in the AVX-512 kernel): a tile of 16 keys is one
+    # block's rows, and the next tile's are fetched ahead (int8), across 10 blocks.
     [(4, [1, 3, 4, 5, 9, 16, 20, 37]), (16, [1, 15, 16, 17, 33, 48, 100, 160])],
 )
 def test_kernel_matches_torch_ops(

@@ -140,9 +140,12 @@ inline int64_t row_of(const int64_t* tile, const int64_t* table, int64_t bs, int
 
 // Scores, softmax and weighted values of G queries (G * HD / 16 <= 16 registers) against one
 // request's keys and values for one kv head; q rows are consecutive, `out` rows too.
-template <typename T, int HD, int G, typename Q, typename O>
-void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, int64_t bs,
-                  int64_t len, float scale, float* scores, O* out) {
+// BS: the block size when known at compile time (0: block_size at run time). The engine's 16
+// makes each key's row lookup a shift and a mask instead of 64-bit divisions (five a key).
+template <typename T, int HD, int G, int BS, typename Q, typename O>
+void attend_chunk_bs(const Q* q, const T* kh, const T* vh, const int64_t* table,
+                     int64_t block_size, int64_t len, float scale, float* scores, O* out) {
+  const int64_t bs = BS ? BS : block_size;
   constexpr int V = HD / 16;
   __m512 qr[G][V];
   for (int g = 0; g < G; ++g)
@@ -294,6 +297,13 @@ void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, in
   for (int g = 0; g < G; ++g)
     for (int i = 0; i < V; ++i)
       store16(out + g * HD + i * 16, _mm512_mul_ps(acc[g][i], _mm512_set1_ps(inv[g])));
+}
+
+template <typename T, int HD, int G, typename Q, typename O>
+void attend_chunk(const Q* q, const T* kh, const T* vh, const int64_t* table, int64_t bs,
+                  int64_t len, float scale, float* scores, O* out) {
+  if (bs == 16) attend_chunk_bs<T, HD, G, 16>(q, kh, vh, table, bs, len, scale, scores, out);
+  else attend_chunk_bs<T, HD, G, 0>(q, kh, vh, table, bs, len, scale, scores, out);
 }
 
 }  // namespace surge
