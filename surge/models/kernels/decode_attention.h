@@ -114,6 +114,15 @@ inline void prefetch_int8_row(const int8_t* row) {
     _mm_prefetch(reinterpret_cast<const char*>(line), static_cast<_mm_hint>(Hint));
 }
 
+// Hint every cache line of `bytes` bytes from p.
+template <int Hint>
+inline void prefetch_span(const int8_t* p, int64_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63);
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(p) + bytes - 1) & ~uintptr_t(63);
+  for (uintptr_t line = first; line <= last; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(line), static_cast<_mm_hint>(Hint));
+}
+
 // The cache rows of keys t0 .. t0 + n - 1 (t0 a multiple of 16, n <= 16): one block's
 // consecutive rows when the block size is a multiple of 16 (the engine's is 16), so one
 // division by the runtime block size per 16 keys, not two per key.
@@ -206,8 +215,14 @@ void attend_chunk_bs(const Q* q, const T* kh, const T* vh, const int64_t* table,
       int64_t next[16];
       const int64_t m = std::min<int64_t>(16, len - t0 - 16);
       if (m > 0) rows16(table, bs, t0 + 16, m, next);
-      for (int64_t j = 0; j < m; ++j) prefetch_int8_row<HD>(kh + next[j] * S);
-      for (int64_t j = 0; j < n; ++j) prefetch_int8_row<HD, _MM_HINT_T1>(vh + tile[j] * S);
+      if (bs % 16 == 0) {
+        // A tile's rows are consecutive (rows16): its lines once each, not two per row.
+        if (m > 0) prefetch_span<_MM_HINT_T0>(kh + next[0] * S, m * S);
+        prefetch_span<_MM_HINT_T1>(vh + tile[0] * S, n * S);
+      } else {
+        for (int64_t j = 0; j < m; ++j) prefetch_int8_row<HD>(kh + next[j] * S);
+        for (int64_t j = 0; j < n; ++j) prefetch_int8_row<HD, _MM_HINT_T1>(vh + tile[j] * S);
+      }
     }
     for (int j = 0; j < 16; ++j) {
       if (j >= n) {
