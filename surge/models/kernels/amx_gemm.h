@@ -62,7 +62,20 @@ void amx_gemm(const QuantRows& a, const Weights& w, int64_t b0, int64_t b1, Out<
     const bool two = b + 1 < b1;
     const int8_t* B0 = w.packed + b * K4 * 64;
     const int8_t* B1 = B0 + K4 * 64;
+    // The next panel pair's weights (2 x K x 16 bytes, from memory: a step's 30 layers of them
+    // do not stay in cache), into L2 a share per row tile, so that its first tile loads do
+    // not wait on memory.
+    const char* next = reinterpret_cast<const char*>(B0 + 2 * K4 * 64);
+    // Only over 8+ row tiles: with fewer, the fetch comes in bursts too large to hide (16 and
+    // 64 rows ran 0.86-0.92x with it), and the hardware prefetcher keeps up.
+    const int64_t next_lines =
+        b + 2 < b1 && a.M >= 256 ? std::min<int64_t>(b1 - b - 2, 2) * K4 : 0;
+    const int64_t row_tiles = (a.M + 31) / 32;
+    const int64_t per_tile = (next_lines + row_tiles - 1) / row_tiles;
+    int64_t fetched = 0;
     for (int64_t m0 = 0; m0 < a.M; m0 += 32) {
+      for (int64_t i = 0; i < per_tile && fetched < next_lines; ++i, ++fetched)
+        _mm_prefetch(next + fetched * 64, _MM_HINT_T1);
       const bool rows2 = m0 + 16 < a.M;  // the second row tile (rows past M are padding)
       Tiles::template zero<0>();
       Tiles::template zero<1>();
