@@ -1,7 +1,8 @@
 """What the AMX int8 tiles can do on this CPU, against what the GEMM gets: the bare TDPBUSD
 rate (four accumulators, operands held in tiles), then the packed GEMM's inner loop
 (amx_gemm.h's 2 x 2 tiles: two A and two B tile loads for four products, K = 576) with A
-from L2 (512 rows) or from L1 (the same 32 rows again), no epilogue. Built on the fly from
+from L2 (512 rows), from L1 (the same 32 rows again), or from L2 with its lines prefetched
+into L1 one or two steps ahead; no epilogue. Built on the fly from
 kernels/amx_tiles.h; needs a CPU with AMX-INT8 and Linux's permission for the tile state.
 
     python benchmarks/amx_peak.py [--threads 1,2]
@@ -68,7 +69,8 @@ double loop(int64_t rows, int64_t reps, bool same_rows, int64_t threads, int64_t
             const int64_t t = s + ahead;
             const uint8_t* p = t < steps ? a + t * 64 : a + 32 * lda + (t - steps) * 64;
             if (p + 31 * lda < A.data() + A.size())
-              for (int r = 0; r < 32; ++r) _mm_prefetch(reinterpret_cast<const char*>(p + r * lda), _MM_HINT_T0);
+              for (int r = 0; r < 32; ++r)
+                _mm_prefetch(reinterpret_cast<const char*>(p + r * lda), _MM_HINT_T0);
           }
           HwTiles::load<4>(a + s * 64, lda);
           HwTiles::load<6>(B.data() + s * 1024, 64);
@@ -115,9 +117,12 @@ def main() -> None:
         s = m.bare(iters, threads)
         print(f"{threads} thread(s): bare TDPBUSD {iters * 4 * tile_ops * threads / s / 1e12:.2f} "
               f"TOP/s ({s / (iters * 4) * 1e9:.2f} ns each)")  # fmt: skip
-        for rows, same, ahead, what in ((512, False, 0, "A from L2"), (512, True, 0, "A from L1"),
-                                        (512, False, 1, "A from L2, prefetched 1 step ahead"),
-                                        (512, False, 2, "A from L2, prefetched 2 steps ahead")):
+        for rows, same, ahead, what in (
+            (512, False, 0, "A from L2"),
+            (512, True, 0, "A from L1"),
+            (512, False, 1, "A from L2, prefetched 1 step ahead"),
+            (512, False, 2, "A from L2, prefetched 2 steps ahead"),
+        ):
             reps = 250
             m.loop(rows, reps // 10, same, threads, ahead)
             s = m.loop(rows, reps, same, threads, ahead)

@@ -32,9 +32,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=0, help="time a cache hit of this many tokens")
     ap.add_argument("--prompts", type=int, default=1, help="fresh prompts prefilled at once")
     args = ap.parse_args()
-    llm = LLM(
-        "smollm2-135m", max_num_seqs=max(4, args.prompts), enable_prefix_caching=args.new > 0
-    )
+    llm = LLM("smollm2-135m", max_num_seqs=max(4, args.prompts), enable_prefix_caching=args.new > 0)
     stack = fused_path(llm).fused.stack
     chapter = llm.tokenizer.encode((DATA / "pride_and_prejudice_ch1.txt").read_text())
     starts = args.prompts * (args.rounds + 2)  # a distinct start for every prompt

@@ -208,8 +208,9 @@ def wait_for_metric(proc: AutoscaleProcess, name: str, timeout_s: float = 25.0) 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.proc.poll() is None, proc.log()
-        logged = re.search(r"forecast history: (\d+) points", proc.log())
-        expected = int(logged.group(1)) if logged else 0 if "without history" in proc.log() else None
+        log = proc.log()
+        logged = re.search(r"forecast history: (\d+) points", log)
+        expected = int(logged.group(1)) if logged else 0 if "without history" in log else None
         value = metric(proc, name)
         if expected is not None and value == expected:
             return value
