@@ -105,22 +105,19 @@ inline void prefetch_row(const T* row) {
     _mm_prefetch(reinterpret_cast<const char*>(row) + l * 64, static_cast<_mm_hint>(Hint));
 }
 
-// The same for an int8 row (HD values, then a 4-byte scale), which starts anywhere in a line.
-template <int HD, int Hint = _MM_HINT_T0>
-inline void prefetch_int8_row(const int8_t* row) {
-  const uintptr_t first = reinterpret_cast<uintptr_t>(row) & ~uintptr_t(63);
-  const uintptr_t last = (reinterpret_cast<uintptr_t>(row) + HD + 3) & ~uintptr_t(63);
-  for (uintptr_t line = first; line <= last; line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(line), static_cast<_mm_hint>(Hint));
-}
-
-// Hint every cache line of `bytes` bytes from p.
+// Hint every cache line of `bytes` bytes from p, which starts anywhere in a line.
 template <int Hint>
 inline void prefetch_span(const int8_t* p, int64_t bytes) {
   const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63);
   const uintptr_t last = (reinterpret_cast<uintptr_t>(p) + bytes - 1) & ~uintptr_t(63);
   for (uintptr_t line = first; line <= last; line += 64)
     _mm_prefetch(reinterpret_cast<const char*>(line), static_cast<_mm_hint>(Hint));
+}
+
+// The same for one int8 row (HD values, then a 4-byte scale).
+template <int HD, int Hint = _MM_HINT_T0>
+inline void prefetch_int8_row(const int8_t* row) {
+  prefetch_span<Hint>(row, HD + 4);
 }
 
 // The cache rows of keys t0 .. t0 + n - 1 (t0 a multiple of 16, n <= 16): one block's
