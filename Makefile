@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 model: install
-	$(BIN)/python -c "from surge.models.resolve import resolve_model; print(resolve_model('smollm2-135m'))"
+	$(BIN)/python -c "from surge.models.formats.resolve import resolve_model; print(resolve_model('smollm2-135m'))"
 
 generate: model
 	$(BIN)/surge generate

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from surge import LLM, SamplingParams
-from surge.engine.core import EngineCore
-from surge.engine.outputs import EngineCoreRequest
-from surge.engine.step_paths import FusedStackPath
+from surge.engine.client.outputs import EngineCoreRequest
+from surge.engine.core.engine_core import EngineCore
+from surge.engine.runner.step_paths import FusedStackPath
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 ONE = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)

@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 
 from surge import LLM, SamplingParams
-from surge.engine.outputs import EngineCoreRequest
+from surge.engine.client.outputs import EngineCoreRequest
 
 
 def build(config: str, requests: int) -> LLM:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_embeddings import sentence
 
 from surge.models.embedding import EmbeddingModel
-from surge.models.resolve import DEFAULT_EMBEDDING_MODEL, resolve_model
+from surge.models.formats.resolve import DEFAULT_EMBEDDING_MODEL, resolve_model
 
 
 def timed(model: EmbeddingModel, batch: list[list[int]], reps: int) -> float:

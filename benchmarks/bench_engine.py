@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from surge import LLM, SamplingParams
-from surge.models.resolve import resolve_model
+from surge.models.formats.resolve import resolve_model
 
 PROMPT_LEN = 100
 OUTPUT_LEN = 128

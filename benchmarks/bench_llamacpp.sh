@@ -50,9 +50,9 @@ if [ ! -x "$WORK/build/bin/llama-server" ]; then
 fi
 echo "llama.cpp build: $GGML_FLAGS" >&2
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0
-GGUF="$($PY -c "from surge.models.resolve import resolve_model; print(resolve_model('smollm2-135m'))")"
+GGUF="$($PY -c "from surge.models.formats.resolve import resolve_model; print(resolve_model('smollm2-135m'))")"
 TOK="$WORK/tokenizer.json"
-[ -f "$TOK" ] || $PY -c "from surge.models.weights import open_model; import sys; open_model(sys.argv[1]).tokenizer.backend.save(sys.argv[2])" "$GGUF" "$TOK"
+[ -f "$TOK" ] || $PY -c "from surge.models.formats.model_files import open_model; import sys; open_model(sys.argv[1]).tokenizer.backend.save(sys.argv[2])" "$GGUF" "$TOK"
 MAXC="${LEVELS##*,}"
 sweep() {  # url label
   $PY -m surge.cli bench sweep --url "$1" --concurrency "$LEVELS" --requests-per-client "${REQS_PER_CLIENT:-4}" \

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from surge.engine.llm import LLM
-from surge.models.resolve import resolve_model
-from surge.models.weights import open_model
+from surge.models.formats.model_files import open_model
+from surge.models.formats.resolve import resolve_model
 from surge.sampling_params import SamplingParams
 from tests.lora_adapters import write_random_adapter
 

@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 
 from surge import LLM, SamplingParams
-from surge.engine.core import EngineCore
-from surge.engine.outputs import EngineCoreRequest
+from surge.engine.client.outputs import EngineCoreRequest
+from surge.engine.core.engine_core import EngineCore
 
 TEXT = "Large language models are served to many users at once by batching requests. " * 400
 ONE = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)

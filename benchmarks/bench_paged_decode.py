@@ -25,7 +25,7 @@ import time
 import torch
 from old_kernel import build_old
 
-from surge.engine import huge_pages
+from surge.engine.runner import huge_pages
 from surge.models.kernels import load_paged_decode
 from surge.models.kv_quant import quantize_rows
 

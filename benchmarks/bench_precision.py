@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from surge import LLM, SamplingParams
+from surge.engine.client.outputs import EngineCoreRequest
 from surge.engine.llm import RequestOutput
-from surge.engine.outputs import EngineCoreRequest
 from surge.models.evaluate import perplexity, score, token_logprobs
 from surge.models.quant import Int8Linear, quantize_int8, weight_bytes
 

@@ -233,7 +233,7 @@ def main() -> None:
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from surge.models.resolve import resolve_model
+    from surge.models.formats.resolve import resolve_model
 
     model = args.model
     if model == "tiny":

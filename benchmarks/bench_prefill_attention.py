@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from surge import LLM, SamplingParams
-from surge.engine.outputs import EngineCoreRequest
-from surge.engine.step_paths import FusedStackPath
+from surge.engine.client.outputs import EngineCoreRequest
+from surge.engine.runner.step_paths import FusedStackPath
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 

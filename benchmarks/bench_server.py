@@ -26,7 +26,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from surge import LLM, SamplingParams
-from surge.models.resolve import resolve_model
+from surge.models.formats.resolve import resolve_model
 
 OUTPUT_LEN = 128
 

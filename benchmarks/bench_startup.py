@@ -5,7 +5,7 @@ more source trees, rounds alternating between them (the machine drifts between r
         [--variant "serve flags" ...] [--first-request] [-- extra serve flags]
 
 Each tree runs with this interpreter and its own `surge` package (the tree is the working
-directory of `python -m surge.cli`); the default is this checkout alone. `--variant` adds a
+directory of `python -m surge.cli.main`); the default is this checkout alone. `--variant` adds a
 set of serve flags to compare (e.g. "--calibration measure" against "--calibration cached"):
 every tree runs with each variant, alternating. `--first-request` also times the first
 request after healthy (a streamed chat completion of a ~500-token prompt, to its first token):

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import surge.engine.logits_processors as processors_module
+import surge.engine.sample.logits_processors as processors_module
 from surge.engine.llm import LLM
 from surge.sampling_params import SamplingParams
 from surge.structured_output import StructuredOutput

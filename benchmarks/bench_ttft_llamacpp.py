@@ -132,7 +132,7 @@ def main() -> None:
     # prints the build's flags: on an AMX CPU, AVX-512 without AMX (see that script).
     env = {**os.environ, "BUILD_ONLY": "1", "LLAMACPP_WORK": str(work)}
     subprocess.run(["bash", "benchmarks/bench_llamacpp.sh"], check=True, cwd=ROOT, env=env)
-    from surge.models.resolve import resolve_model
+    from surge.models.formats.resolve import resolve_model
 
     gguf = Path(resolve_model("smollm2-135m"))
     q40 = work / "SmolLM2-135M-Instruct.Q4_0.gguf"
@@ -141,7 +141,7 @@ def main() -> None:
                         str(q40), "Q4_0"], check=True, capture_output=True)  # fmt: skip
     tok = work / "tokenizer.json"
     if not tok.exists():
-        from surge.models.weights import open_model
+        from surge.models.formats.model_files import open_model
 
         open_model(str(gguf)).tokenizer.backend.save(str(tok))
     port = free_port()

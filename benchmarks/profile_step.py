@@ -16,8 +16,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from surge import LLM, SamplingParams
-from surge.engine.batch import SampledToken, SampledTokens
-from surge.engine.outputs import EngineCoreRequest
+from surge.engine.client.outputs import EngineCoreRequest
+from surge.engine.core.batch import SampledToken, SampledTokens
 
 MATMUL_OPS = {
     "aten::mm",

@@ -175,8 +175,9 @@ class SamplingParams:
             ("allowed_token_ids", self.allowed_token_ids or ()),
         ):
             if bad := [t for t in ids if t >= vocab_size]:
-                raise ValueError(f"{name} has token ids outside the vocabulary [0, "
-                                 f"{vocab_size}): {bad}")  # fmt: skip
+                raise ValueError(
+                    f"{name} has token ids outside the vocabulary [0, {vocab_size}): {bad}"
+                )
 
     @property
     def is_greedy(self) -> bool:

@@ -3,7 +3,7 @@ one of fixed choices, or a Lark grammar), compiled to an llguidance grammar.
 
 The API process builds and validates the grammar when the request arrives (a bad schema is a
 400 before anything runs); the engine turns it into a matcher that masks each step's logits to
-the tokens that keep the text inside the grammar (`surge/engine/grammar.py`).
+the tokens that keep the text inside the grammar (`surge/engine/sample/grammar.py`).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ def _process_logs_in_pytest_temp(tmp_path_factory: pytest.TempPathFactory) -> It
 @pytest.fixture(scope="session")
 def smollm2_gguf_path() -> Path:
     """Path of the real SmolLM2-135M-Instruct GGUF (installed package, cache, or fetched)."""
-    from surge.models.resolve import resolve_model
+    from surge.models.formats.resolve import resolve_model
 
     return resolve_model("smollm2-135m")
 
@@ -56,7 +56,7 @@ def smollm2_gguf_path() -> Path:
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     """Folder of the real all-MiniLM-L6-v2 (installed package, cache, or fetched)."""
-    from surge.models.resolve import DEFAULT_EMBEDDING_MODEL, resolve_model
+    from surge.models.formats.resolve import DEFAULT_EMBEDDING_MODEL, resolve_model
 
     return resolve_model(DEFAULT_EMBEDDING_MODEL)
 
@@ -69,7 +69,7 @@ def write_tiny_llama(
     from gguf import GGUFReader
     from safetensors.torch import save_file
 
-    from surge.models.tokenizer import Tokenizer
+    from surge.models.formats.tokenizer import Tokenizer
 
     tok = Tokenizer.from_gguf(GGUFReader(gguf_path))
     cfg = dict(TINY_CONFIG, vocab_size=tok.vocab_size) | (shapes or {})

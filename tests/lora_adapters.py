@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from surge.models.spec import ModelSpec
+from surge.models.formats.spec import ModelSpec
 
 
 def write_peft_adapter(

@@ -1,4 +1,4 @@
-"""surge/config_cli.py: a config field with flag metadata is a flag, in its config's group, and
+"""surge/config/flags.py: a config field with flag metadata is a flag, in its config's group, and
 the parsed flags build the config back; a new option is one field."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from surge.config_cli import (
+from surge.config.flags import (
     add_config_args,
     config_from_args,
     each,

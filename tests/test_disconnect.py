@@ -1,4 +1,4 @@
-"""surge/disconnect.py: work raced against the client's disconnect (the server's and the
+"""surge/http/disconnect.py: work raced against the client's disconnect (the server's and the
 gateway's), over a real Starlette Request whose ASGI channel the test drives."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from starlette.requests import Request
 from starlette.types import Message
 
-from surge.disconnect import done_before_disconnect, wait_disconnect
+from surge.http.disconnect import done_before_disconnect, wait_disconnect
 
 
 def request_with(channel: asyncio.Queue[Message]) -> Request:

@@ -132,10 +132,20 @@ def _start_gateway(
     args: argparse.Namespace, config: AutoscalerConfig, upstreams: Path, log_path: Path
 ) -> subprocess.Popen[bytes]:
     cmd = [
-        sys.executable, "-m", "surge.cli", "gateway", "--host", args.host,
-        "--port", str(args.port), "--upstreams-file", str(upstreams),
-        "--reload-interval", "0.5", *args.gateway_arg,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "surge.cli",
+        "gateway",
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--upstreams-file",
+        str(upstreams),
+        "--reload-interval",
+        "0.5",
+        *args.gateway_arg,
+    ]
     if args.metrics_port is not None:  # its desired/ready/forecast on the gateway's /dashboard
         cmd += ["--autoscaler-url", f"http://{args.host}:{args.metrics_port}"]
     if config.min_replicas == 0:  # with no replica, requests wait for one (and wake us)
@@ -209,8 +219,11 @@ async def run(args: argparse.Namespace, serve_args: Sequence[str]) -> int:
     watcher: asyncio.Task[None] | None = None
     try:
         if observed is None:
-            log.info("starting %d replica(s): surge serve %s", config.start_replicas,
-                     " ".join(serve_args))  # fmt: skip
+            log.info(
+                "starting %d replica(s): surge serve %s",
+                config.start_replicas,
+                " ".join(serve_args),
+            )
             await scaler.start_initial()
         if args.port and observed is None:
             gateway_log = log_dir / f"surge-autoscale-gateway-{args.port}.log"
@@ -255,13 +268,14 @@ def main(argv: Sequence[str]) -> int:
         cut = argv.index("--")
         argv, serve_args = argv[:cut], argv[cut + 1 :]
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per scrape otherwise
     try:
         autoscaler_config(args)
     except ValueError as e:
         raise SystemExit(f"surge autoscale: {e}") from None
-    from surge.event_loop import run as run_loop
+    from surge.http.event_loop import run as run_loop
 
     return run_loop(run(args, serve_args))

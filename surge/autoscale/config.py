@@ -26,8 +26,19 @@ class AutoscalerConfig:
     interval_s: float = 2.0  # between scrapes and decisions
     scale_up_window_s: float = 0.0  # scale up to the lowest recommendation of this window
     scale_down_window_s: float = 60.0  # scale down to the highest recommendation of this window
-    max_scale_up_step: int = 4  # replicas added by one decision
-    max_scale_down_step: int = 1  # replicas drained by one decision
+    max_scale_up_step: int = 4  # replicas added by one decision (by one scale period)
+    max_scale_down_step: int = 1  # replicas drained by one decision (by one scale period)
+    # HPA's rate policies: within any scale_period_s, the count moves by at most the larger of
+    # the step and this percent of the count at the period's start (0: the step alone); a
+    # period of 0 bounds each decision instead (the steps above, per decision).
+    scale_period_s: float = 0.0
+    max_scale_up_percent: float = 0.0
+    max_scale_down_percent: float = 0.0
+    # Batch work: its window is its SLO. Replicas are added for it only when, at the pace its
+    # lines complete, it would not finish this long before its window closes (a fixed margin:
+    # a share of the time left would recede with it, and the batch finish at the very end).
+    batch_margin_s: float = 600.0
+    batch_window_s: float = 60.0  # a batch's call for more replicas must last this long
     # Arrival forecast (Holt's linear trend on the replicas' surge:requests_received_total),
     # looked this far ahead (about a replica's start time) and turned into replicas by Little's
     # law with the replicas' recent mean latency. 0 turns the forecast off.
@@ -64,12 +75,26 @@ class AutoscalerConfig:
             raise ValueError(f"target_kv_usage must be in (0, 1], got {self.target_kv_usage}")
         if not 0 <= self.tolerance < 1:
             raise ValueError(f"tolerance must be in [0, 1), got {self.tolerance}")
-        for name in ("scale_up_window_s", "scale_down_window_s", "forecast_horizon_s",
-                     "drain_timeout_s", "reload_grace_s", "activation_timeout_s"):  # fmt: skip
+        for name in (
+            "scale_up_window_s",
+            "scale_down_window_s",
+            "forecast_horizon_s",
+            "drain_timeout_s",
+            "reload_grace_s",
+            "activation_timeout_s",
+            "scale_period_s",
+            "max_scale_up_percent",
+            "batch_window_s",
+            "batch_margin_s",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_scale_up_step < 1 or self.max_scale_down_step < 1:
             raise ValueError("max_scale_up_step and max_scale_down_step must be >= 1")
+        if not 0 <= self.max_scale_down_percent <= 100:
+            raise ValueError(
+                f"max_scale_down_percent must be in [0, 100], got {self.max_scale_down_percent}"
+            )
         for name in ("forecast_alpha", "forecast_beta"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")

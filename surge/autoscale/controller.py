@@ -25,10 +25,10 @@ from typing import Any
 import httpx
 
 from surge.autoscale.config import AutoscalerConfig
-from surge.autoscale.decide import Decision, Stabilizer, desired_replicas
+from surge.autoscale.decide import BatchJudge, Decision, Stabilizer, desired_replicas
 from surge.autoscale.forecast_bank import ForecastBank
 from surge.autoscale.providers.base import Provider, Replica, ReplicaStartError, ReplicaState
-from surge.autoscale.signals import SignalTracker, scrape_all
+from surge.autoscale.signals import SignalTracker, scrape, scrape_all
 from surge.observability.autoscaler_metrics import AutoscalerMetrics
 from surge.observability.scan import scan_metrics
 
@@ -61,6 +61,7 @@ class Autoscaler:
         self.tracker = SignalTracker()
         self.forecasts = ForecastBank(config)
         self.stabilizer = Stabilizer(config)
+        self.batch = BatchJudge(config)
         self.pending_starts = 0  # asked for, not yet ready
         self.gateway_url: str | None = None  # scaled to zero, its waiting requests wake us
         self._tasks: set[asyncio.Task[None]] = set()
@@ -129,8 +130,11 @@ class Autoscaler:
         self._replace_dead()
         ready = self.ready()
         loads = await scrape_all(client, [r.url for r in ready], self.config.scrape_timeout_s)
+        gateway = None  # its batches (fleet-wide ones run there, their lines on the replicas)
+        if self.gateway_url is not None:
+            gateway = await scrape(client, self.gateway_url, self.config.scrape_timeout_s)
         now = self.clock()
-        signals = self.tracker.update(now, loads)
+        signals = self.tracker.update(now, loads, gateway)
         forecast = self.forecasts.update(now, signals.arrival_rps)
         current = self.current
         awaiting = 0.0
@@ -141,13 +145,18 @@ class Autoscaler:
             if self.config.min_replicas == 0:
                 timeout_s = self.config.scrape_timeout_s
                 awaiting = await scrape_awaiting(client, self.gateway_url, timeout_s)
-            wanted = int(awaiting > 0)
-            decision = Decision(max(self.config.min_replicas, wanted),
-                                f"activation: {awaiting:g} awaiting at the gateway",
-                                {"activation": wanted})  # fmt: skip
+            # A batch at no replica never finishes: it would miss its window, so it wakes one.
+            batch = signals.batch.remaining
+            wanted = int(awaiting > 0 or batch > 0)
+            decision = Decision(
+                max(self.config.min_replicas, wanted),
+                f"activation: {awaiting:g} awaiting at the gateway, {batch:g} batch lines",
+                {"activation": wanted},
+            )
             target = decision.desired
         else:
-            decision = desired_replicas(signals, self.config, forecast, current)
+            batch = self.batch.want(now, signals)
+            decision = desired_replicas(signals, self.config, forecast, current, batch)
             target = self.stabilizer.recommend(now, decision.desired, current)
         if self.on_decision is not None:
             self.on_decision(target, signals.waiting + awaiting)
@@ -162,16 +171,25 @@ class Autoscaler:
             victims = pick_victims(
                 ready, load, current - target, keep=min(1, self.config.min_replicas)
             )
-            log.info("scale down %d -> %d (%s): draining %s", current, target, decision.reason,
-                     [v.id for v in victims])  # fmt: skip
+            log.info(
+                "scale down %d -> %d (%s): draining %s",
+                current,
+                target,
+                decision.reason,
+                [v.id for v in victims],
+            )
             for victim in victims:
                 self._spawn(self._drain_one(victim))
         if self.metrics is not None:
             self.metrics.observe(
-                ready=len(ready), starting=self.pending_starts, draining=self.draining(),
-                desired=target, decision=decision, forecast_rps=forecast,
+                ready=len(ready),
+                starting=self.pending_starts,
+                draining=self.draining(),
+                desired=target,
+                decision=decision,
+                forecast_rps=forecast,
                 previous=current if self.act else self._last_target,
-            )  # fmt: skip
+            )
             self.metrics.observe_forecasts(self.forecasts.views())
         self._last_target = target  # observe mode: a scale event is a change of the decision
         return target

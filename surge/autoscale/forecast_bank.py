@@ -41,8 +41,13 @@ class ForecastBank:
         names = [self.chosen] if self.chosen not in ("none", "holt", "seasonal") else []
         self.tracked: list[_Tracked] = []
         for name in [*names, "holt", "seasonal"]:
-            fc = ForecastConfig(name, config.forecast_alpha, config.forecast_beta,
-                                config.forecast_step_s, config.forecast_period_s)  # fmt: skip
+            fc = ForecastConfig(
+                name,
+                config.forecast_alpha,
+                config.forecast_beta,
+                config.forecast_step_s,
+                config.forecast_period_s,
+            )
             forecaster = make_forecaster(fc)
             if forecaster is not None:
                 self.tracked.append(_Tracked(name, forecaster, window))

@@ -106,8 +106,9 @@ def history_config(args: argparse.Namespace, config: AutoscalerConfig) -> Histor
     if args.forecast_history_url is None:
         return None
     if config.forecast_horizon_s <= 0:
-        log.warning("--forecast-history-url: the forecast is off (--forecast-horizon 0): "
-                    "no history loaded")  # fmt: skip
+        log.warning(
+            "--forecast-history-url: the forecast is off (--forecast-horizon 0): no history loaded"
+        )
         return None
     step = config.forecast_step_s
     history_s = args.forecast_history_s or default_history_s(config)
@@ -145,8 +146,12 @@ async def fetch_history(
     chunk_s = MAX_POINTS_PER_QUERY * config.step_s
     while start <= now_unix:
         end = min(now_unix, start + chunk_s)
-        params = {"query": config.query, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                  "step": f"{config.step_s:g}"}  # fmt: skip
+        params = {
+            "query": config.query,
+            "start": f"{start:.3f}",
+            "end": f"{end:.3f}",
+            "step": f"{config.step_s:g}",
+        }
         try:
             resp = await client.get(
                 config.url + "/api/v1/query_range", params=params, timeout=config.timeout_s
@@ -189,15 +194,23 @@ async def load_history(
         async with httpx.AsyncClient() as client:
             points = await fetch_history(client, config, wall())
     except HistoryError as e:
-        log.warning("forecast history: %s; starting without history (query %s)", e,
-                    config.query)  # fmt: skip
+        log.warning("forecast history: %s; starting without history (query %s)", e, config.query)
         return 0
     loaded = backfill(bank, points, clock(), wall())
     if loaded == 0:
-        log.warning("forecast history: %s has no data for %s over the last %gs; starting "
-                    "without history", config.url, config.query, config.history_s)  # fmt: skip
+        log.warning(
+            "forecast history: %s has no data for %s over the last %gs; starting without history",
+            config.url,
+            config.query,
+            config.history_s,
+        )
     else:
-        log.info("forecast history: %d points (%gs at %gs steps) loaded from %s in %.1fs",
-                 loaded, config.history_s, config.step_s, config.url,
-                 time.perf_counter() - began)  # fmt: skip
+        log.info(
+            "forecast history: %d points (%gs at %gs steps) loaded from %s in %.1fs",
+            loaded,
+            config.history_s,
+            config.step_s,
+            config.url,
+            time.perf_counter() - began,
+        )
     return loaded

@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Sequence
 
 from surge.autoscale.providers.observed import ObservedConfig, ObservedProvider
-from surge.discovery import DnsTarget
+from surge.http.discovery import DnsTarget
 
 
 def add_observe_flags(p: argparse.ArgumentParser) -> None:

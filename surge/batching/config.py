@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from surge.config_cli import flag
+from surge.config.flags import flag
 
 
 def parse_int_list(text: str) -> tuple[int, ...]:
@@ -29,20 +29,32 @@ class BatcherConfig:
 
     max_batch_size: int = field(default=32, metadata=flag())
     # empty: only max_batch_size sends at once
-    preferred_batch_sizes: tuple[int, ...] = field(default=(), metadata=flag(
-        "comma-separated sizes sent at once when reached, e.g. 8,16 (default: none)",
-        default="", to_field=parse_int_list))  # fmt: skip
+    preferred_batch_sizes: tuple[int, ...] = field(
+        default=(),
+        metadata=flag(
+            "comma-separated sizes sent at once when reached, e.g. 8,16 (default: none)",
+            default="",
+            to_field=parse_int_list,
+        ),
+    )
     # Triton's default: a lone input on an idle model goes at once
-    max_queue_delay_s: float = field(default=0.0, metadata=flag(
-        "longest an input waits for a fuller batch (default 0: inputs that arrive while "
-        "a batch runs make the next batch; a delay only adds latency to a busy model)",
-        name="max-queue-delay-ms", to_field=_ms_to_s))  # fmt: skip
+    max_queue_delay_s: float = field(
+        default=0.0,
+        metadata=flag(
+            "longest an input waits for a fuller batch (default 0: inputs that arrive while "
+            "a batch runs make the next batch; a delay only adds latency to a busy model)",
+            name="max-queue-delay-ms",
+            to_field=_ms_to_s,
+        ),
+    )
     # items waiting; more are refused (QueueFullError -> 503)
     max_queue_size: int = field(default=1024, metadata=flag("inputs waiting"))
     # Bound on a batch's cost, as the batcher's `batch_cost` counts it (for embeddings: its
     # tokens, so that a batch of long inputs stays within a model step's budget). None: none.
-    max_batch_cost: int | None = field(default=None, metadata=flag(
-        "bound on a batch's tokens (default: none)", name="max-batch-tokens"))  # fmt: skip
+    max_batch_cost: int | None = field(
+        default=None,
+        metadata=flag("bound on a batch's tokens (default: none)", name="max-batch-tokens"),
+    )
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:

@@ -77,30 +77,53 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--warmup", type=int, default=0, help="unmeasured requests sent first")
     w = p.add_argument_group("workload")
     length, default_len = _spec(cfg.LengthDist.parse), cfg.LengthDist("fixed", 128)
-    w.add_argument("--input-len", type=length, default=default_len,
-                   help="128 | uniform:64,256 | normal:128,32 | lognormal:128,0.5")  # fmt: skip
-    w.add_argument("--output-len", type=length, default=default_len,
-                   help="max_tokens, same syntax as --input-len")  # fmt: skip
+    w.add_argument(
+        "--input-len",
+        type=length,
+        default=default_len,
+        help="128 | uniform:64,256 | normal:128,32 | lognormal:128,0.5",
+    )
+    w.add_argument(
+        "--output-len",
+        type=length,
+        default=default_len,
+        help="max_tokens, same syntax as --input-len",
+    )
     w.add_argument("--dataset", help='JSONL of {"prompt": str, "max_tokens"?: int}')
     w.add_argument("--prefix-groups", type=int, default=0, help="G groups sharing a prefix")
     w.add_argument("--prefix-len", type=int, default=0, help="tokens of each group's prefix")
-    w.add_argument("--tenants", type=_spec(cfg.parse_tenants), default=(),
-                   help="name:weight[:priority],... e.g. a:10,b:1 (request shares)")  # fmt: skip
+    w.add_argument(
+        "--tenants",
+        type=_spec(cfg.parse_tenants),
+        default=(),
+        help="name:weight[:priority],... e.g. a:10,b:1 (request shares)",
+    )
     w.add_argument("--priority", type=int, help="priority of every request (or per tenant)")
     w.add_argument("--tokenizer", help="HF tokenizer.json: exact prompt token counts")
-    w.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
-                   help="ask for exactly max_tokens (default: on, not with --dataset)")  # fmt: skip
+    w.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ask for exactly max_tokens (default: on, not with --dataset)",
+    )
     w.add_argument("--temperature", type=float, default=0.0)
     w.add_argument("--extra-body", type=json.loads, default={}, help="JSON merged into bodies")
-    w.add_argument("--continuous-usage", action="store_true",
-                   help="ask for usage in every chunk (vLLM): exact tokens per chunk")  # fmt: skip
+    w.add_argument(
+        "--continuous-usage",
+        action="store_true",
+        help="ask for usage in every chunk (vLLM): exact tokens per chunk",
+    )
     h = p.add_argument_group("http")
     h.add_argument("--connect-timeout", type=float, default=10.0)
     h.add_argument("--timeout", type=float, default=600.0, help="read timeout between bytes (s)")
     h.add_argument("--request-timeout", type=float, help="bound on one whole request (s)")
     o = p.add_argument_group("results")
-    o.add_argument("--slo", type=_spec(cfg.Slo.parse), default=cfg.Slo(),
-                   help="targets for goodput, any of ttft=2s,tpot=100ms,e2e=30s")  # fmt: skip
+    o.add_argument(
+        "--slo",
+        type=_spec(cfg.Slo.parse),
+        default=cfg.Slo(),
+        help="targets for goodput, any of ttft=2s,tpot=100ms,e2e=30s",
+    )
     o.add_argument("--output", help="write config, summary and raw records as JSON here")
     o.add_argument("--no-progress", action="store_true")
 
@@ -153,10 +176,16 @@ def discover_model(url: str, api_key: str | None, timeout_s: float) -> str:
 def bench_config(args: argparse.Namespace, arrival: cfg.ArrivalConfig | None) -> cfg.BenchConfig:
     trace = getattr(args, "trace", None)
     workload = cfg.WorkloadConfig(
-        input_len=args.input_len, output_len=args.output_len, dataset_path=args.dataset,
-        trace_path=trace, num_prefix_groups=args.prefix_groups, prefix_len=args.prefix_len,
-        tenants=args.tenants, priority=args.priority, tokenizer_path=args.tokenizer,
-    )  # fmt: skip
+        input_len=args.input_len,
+        output_len=args.output_len,
+        dataset_path=args.dataset,
+        trace_path=trace,
+        num_prefix_groups=args.prefix_groups,
+        prefix_len=args.prefix_len,
+        tenants=args.tenants,
+        priority=args.priority,
+        tokenizer_path=args.tokenizer,
+    )
     concurrency = getattr(args, "concurrency", None)
     if arrival is None and not isinstance(concurrency, int):
         concurrency = 1
@@ -167,16 +196,27 @@ def bench_config(args: argparse.Namespace, arrival: cfg.ArrivalConfig | None) ->
     return cfg.BenchConfig(
         url=args.url.rstrip("/"),
         model=args.model or discover_model(args.url, args.api_key, args.connect_timeout),
-        api=args.api, concurrency=concurrency if arrival is None else None, arrival=arrival,
-        max_concurrency=getattr(args, "max_concurrency", None), num_requests=num_requests,
-        duration_s=args.duration, drain_s=args.drain or 0.0, num_warmup=args.warmup,
-        seed=args.seed, workload=workload, slo=args.slo,
+        api=args.api,
+        concurrency=concurrency if arrival is None else None,
+        arrival=arrival,
+        max_concurrency=getattr(args, "max_concurrency", None),
+        num_requests=num_requests,
+        duration_s=args.duration,
+        drain_s=args.drain or 0.0,
+        num_warmup=args.warmup,
+        seed=args.seed,
+        workload=workload,
+        slo=args.slo,
         ignore_eos=args.ignore_eos if args.ignore_eos is not None else args.dataset is None,
-        temperature=args.temperature, continuous_usage=args.continuous_usage,
-        extra_body=tuple(args.extra_body.items()), api_key=args.api_key,
-        connect_timeout_s=args.connect_timeout, read_timeout_s=args.timeout,
-        request_timeout_s=args.request_timeout, label=args.label,
-    )  # fmt: skip
+        temperature=args.temperature,
+        continuous_usage=args.continuous_usage,
+        extra_body=tuple(args.extra_body.items()),
+        api_key=args.api_key,
+        connect_timeout_s=args.connect_timeout,
+        read_timeout_s=args.timeout,
+        request_timeout_s=args.request_timeout,
+        label=args.label,
+    )
 
 
 def check_inputs(config: cfg.BenchConfig) -> None:
@@ -188,10 +228,11 @@ def check_inputs(config: cfg.BenchConfig) -> None:
 
 def run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="surge bench", description="Load generator for any OpenAI-compatible server.",
+        prog="surge bench",
+        description="Load generator for any OpenAI-compatible server.",
         epilog=LOAD_HELP + "\nsubcommands: surge bench sweep -h | compare -h | plot -h",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     add_common_args(p)
     add_load_args(p)
     p.add_argument("--plots", metavar="DIR", help="write PNG plots here")
@@ -236,9 +277,13 @@ def cmd_run(argv: Sequence[str]) -> int:
         from surge.bench.plots import save_plots
 
         paths = save_plots(
-            result.records, args.plots, duration_s=result.duration_s, arrival=config.arrival,
-            window_s=args.window, title=config.label or describe_load(config),
-        )  # fmt: skip
+            result.records,
+            args.plots,
+            duration_s=result.duration_s,
+            arrival=config.arrival,
+            window_s=args.window,
+            title=config.label or describe_load(config),
+        )
         print("plots: " + ", ".join(str(p) for p in paths))
     return 0 if report.num_ok else 1
 
@@ -266,9 +311,12 @@ def cmd_plot(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     result = load_result(args.result)
     paths = save_plots(
-        records_from(result), args.plots, duration_s=float(result["summary"]["duration_s"]),
-        window_s=args.window, title=str(result.get("label") or ""),
-    )  # fmt: skip
+        records_from(result),
+        args.plots,
+        duration_s=float(result["summary"]["duration_s"]),
+        window_s=args.window,
+        title=str(result.get("label") or ""),
+    )
     print("plots: " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -280,7 +328,7 @@ def sweep_parser() -> argparse.ArgumentParser:
         "--target (doubling from --start-rate, then bisection; or --rates in order), then the "
         "replicas for a peak: ceil(peak * (1 + headroom) / capacity). Or, with --concurrency, "
         "one closed-loop run per level.",
-    )  # fmt: skip
+    )
     add_common_args(p)
     g = p.add_argument_group("sweep")
     x = g.add_mutually_exclusive_group()
@@ -292,11 +340,18 @@ def sweep_parser() -> argparse.ArgumentParser:
     g.add_argument("--target", type=float, default=0.9, help="SLO attainment that holds")
     g.add_argument("--arrival", choices=["poisson", "constant", "gamma"], default="poisson")
     g.add_argument("--cv", type=float, default=1.0)
-    g.add_argument("--requests-per-client", type=_positive_int, default=4,
-                   help="concurrency sweep: requests per level = this * level")  # fmt: skip
+    g.add_argument(
+        "--requests-per-client",
+        type=_positive_int,
+        default=4,
+        help="concurrency sweep: requests per level = this * level",
+    )
     m = g.add_mutually_exclusive_group()
-    m.add_argument("--traffic", type=_spec(cfg.ArrivalConfig.parse),
-                   help="traffic model, e.g. sinusoid:base=2,peak=20,period=3600")  # fmt: skip
+    m.add_argument(
+        "--traffic",
+        type=_spec(cfg.ArrivalConfig.parse),
+        help="traffic model, e.g. sinusoid:base=2,peak=20,period=3600",
+    )
     m.add_argument("--peak-rps", type=float, help="peak rate for replicas")
     g.add_argument("--headroom", type=float, default=0.2)
     return p
@@ -327,27 +382,45 @@ def cmd_sweep(argv: Sequence[str]) -> int:
 
     extra: dict[str, object] = {"config": config_dict(base)}
     if levels:
-        rows = asyncio.run(sweep.concurrency_sweep(
-            base, levels, num_requests=args.num_requests,
-            requests_per_client=args.requests_per_client, on_row=show,
-        ))  # fmt: skip
+        rows = asyncio.run(
+            sweep.concurrency_sweep(
+                base,
+                levels,
+                num_requests=args.num_requests,
+                requests_per_client=args.requests_per_client,
+                on_row=show,
+            )
+        )
     else:
         shape = cfg.ArrivalConfig(args.arrival, cv=args.cv)
-        rows = asyncio.run(sweep.rate_sweep(
-            base, target=args.target, rates=args.rates or (), start_rps=args.start_rate,
-            max_rps=args.max_rate, max_bisections=args.bisections, arrival=shape, on_row=show,
-        ))  # fmt: skip
+        rows = asyncio.run(
+            sweep.rate_sweep(
+                base,
+                target=args.target,
+                rates=args.rates or (),
+                start_rps=args.start_rate,
+                max_rps=args.max_rate,
+                max_bisections=args.bisections,
+                arrival=shape,
+                on_row=show,
+            )
+        )
         capacity = sweep.capacity_of([(r.load, bool(r.passed)) for r in rows])
         extra |= {"target": args.target, "capacity_rps": capacity}
         print(f"capacity: {capacity:g} req/s at >= {args.target:.0%} SLO attainment")
-        peak = args.peak_rps if args.peak_rps is not None else (
-            args.traffic.peak if args.traffic else None)  # fmt: skip
+        peak = (
+            args.peak_rps
+            if args.peak_rps is not None
+            else (args.traffic.peak if args.traffic else None)
+        )
         if peak is not None:
             n = sweep.replicas_needed(peak, args.headroom, capacity)
             extra |= {"peak_rps": peak, "headroom": args.headroom, "replicas": n}
-            print(f"replicas: {n if n is not None else 'no rate held'} for a peak of {peak:g}"
-                  f" req/s with {args.headroom:.0%} headroom"
-                  f" (ceil({peak:g} * {1 + args.headroom:g} / {capacity:g}))")  # fmt: skip
+            print(
+                f"replicas: {n if n is not None else 'no rate held'} for a peak of {peak:g}"
+                f" req/s with {args.headroom:.0%} headroom"
+                f" (ceil({peak:g} * {1 + args.headroom:g} / {capacity:g}))"
+            )
     if args.output:
         save_result(args.output, sweep.sweep_dict(rows, **extra))
         print(f"result: {args.output}")

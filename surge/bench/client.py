@@ -97,10 +97,14 @@ class RequestRecord:
 
 def new_record(prompt: Prompt, scheduled_s: float | None = None) -> RequestRecord:
     return RequestRecord(
-        index=prompt.index, max_tokens=prompt.max_tokens, tenant=prompt.tenant,
-        priority=prompt.priority, group=prompt.group, input_len=prompt.input_len,
+        index=prompt.index,
+        max_tokens=prompt.max_tokens,
+        tenant=prompt.tenant,
+        priority=prompt.priority,
+        group=prompt.group,
+        input_len=prompt.input_len,
         scheduled_s=scheduled_s,
-    )  # fmt: skip
+    )
 
 
 def build_request(prompt: Prompt, config: BenchConfig) -> BenchRequest:
@@ -113,9 +117,11 @@ def build_request(prompt: Prompt, config: BenchConfig) -> BenchRequest:
     if config.continuous_usage:
         stream_options["continuous_usage_stats"] = True
     body: dict[str, object] = {
-        "model": config.model, "max_tokens": prompt.max_tokens, "stream": True,
+        "model": config.model,
+        "max_tokens": prompt.max_tokens,
+        "stream": True,
         "stream_options": stream_options,
-    }  # fmt: skip
+    }
     if config.api == "chat":
         messages = [{"role": "user", "content": prompt.text.lstrip()}]
         if prompt.system:
@@ -144,8 +150,10 @@ def build_request(prompt: Prompt, config: BenchConfig) -> BenchRequest:
 
 def _embedding_request(prompt: Prompt, config: BenchConfig) -> BenchRequest:
     body: dict[str, object] = {
-        "model": config.model, "input": prompt.full_text, "encoding_format": "base64",
-    }  # fmt: skip
+        "model": config.model,
+        "input": prompt.full_text,
+        "encoding_format": "base64",
+    }
     headers = [("authorization", f"Bearer {config.api_key}")] if config.api_key else []
     if prompt.tenant is not None:
         body["user"] = prompt.tenant

@@ -20,8 +20,14 @@ LengthKind = Literal["fixed", "uniform", "normal", "lognormal"]
 ArrivalKind = Literal["constant", "poisson", "gamma", "sinusoid", "pulse", "step", "trace"]
 Api = Literal["completions", "chat", "embeddings"]
 ARRIVAL_KINDS: tuple[ArrivalKind, ...] = (
-    "constant", "poisson", "gamma", "sinusoid", "pulse", "step", "trace",
-)  # fmt: skip
+    "constant",
+    "poisson",
+    "gamma",
+    "sinusoid",
+    "pulse",
+    "step",
+    "trace",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +129,14 @@ class ArrivalConfig:
             return cls("step", steps=parse_steps(rest))
         kv = parse_kv(rest)
         names = {
-            "rate": "rate_rps", "cv": "cv", "base": "base_rps", "peak": "peak_rps",
-            "period": "period_s", "size": "burst_size", "speedup": "trace_speedup",
-        }  # fmt: skip
+            "rate": "rate_rps",
+            "cv": "cv",
+            "base": "base_rps",
+            "peak": "peak_rps",
+            "period": "period_s",
+            "size": "burst_size",
+            "speedup": "trace_speedup",
+        }
         unknown = set(kv) - set(names)
         if unknown:
             raise ValueError(f"traffic {text!r}: unknown keys {sorted(unknown)}")

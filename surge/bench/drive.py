@@ -53,9 +53,11 @@ def make_client(config: BenchConfig) -> httpx.AsyncClient:
         max_connections=None if size is None else size + 8, max_keepalive_connections=size
     )
     timeout = httpx.Timeout(
-        connect=config.connect_timeout_s, read=config.read_timeout_s,
-        write=config.read_timeout_s, pool=None,
-    )  # fmt: skip
+        connect=config.connect_timeout_s,
+        read=config.read_timeout_s,
+        write=config.read_timeout_s,
+        pool=None,
+    )
     return httpx.AsyncClient(base_url=config.url, timeout=timeout, limits=limits)
 
 

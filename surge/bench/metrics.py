@@ -162,18 +162,24 @@ def _summary(records: Sequence[RequestRecord], slo: Slo, duration_s: float) -> R
         met = [r for r, v in verdicts if v]
         judged = sum(v is not None for _, v in verdicts)
         goodput = Goodput(
-            num_met=len(met), num_judged=judged,
+            num_met=len(met),
+            num_judged=judged,
             fraction_met=len(met) / judged if judged else None,
             rps=_rate(len(met), duration_s),
             output_tok_s=_rate(sum(r.output_tokens for r in met), duration_s),
-        )  # fmt: skip
+        )
     return Report(
-        num_requests=len(records), num_ok=len(ok), num_errors=sum(errors.values()),
-        num_cancelled=len(cancelled), errors=dict(sorted(errors.items())),
-        duration_s=duration_s, request_rps=_rate(len(ok), duration_s),
+        num_requests=len(records),
+        num_ok=len(ok),
+        num_errors=sum(errors.values()),
+        num_cancelled=len(cancelled),
+        errors=dict(sorted(errors.items())),
+        duration_s=duration_s,
+        request_rps=_rate(len(ok), duration_s),
         output_tok_s=_rate(num_output, duration_s),
         total_tok_s=_rate(num_output + num_prompt, duration_s),
-        num_prompt_tokens=num_prompt, num_output_tokens=num_output,
+        num_prompt_tokens=num_prompt,
+        num_output_tokens=num_output,
         num_cached_tokens=sum(cached) if cached else None,
         ttft=Stats.of([x for r in ok if (x := r.ttft_s) is not None]),
         tpot=Stats.of([x for r in ok if (x := r.tpot_s) is not None]),
@@ -181,4 +187,4 @@ def _summary(records: Sequence[RequestRecord], slo: Slo, duration_s: float) -> R
         e2e=Stats.of([x for r in ok if (x := r.e2e_s) is not None]),
         lateness=Stats.of([x for r in records if (x := r.lateness_s) is not None]),
         goodput=goodput,
-    )  # fmt: skip
+    )

@@ -65,8 +65,10 @@ def format_table(report: Report, title: str = "", slo: Slo | None = None) -> str
     ]
     if r.num_cached_tokens is not None and r.num_prompt_tokens:
         share = r.num_cached_tokens / r.num_prompt_tokens
-        lines.append(f"prefix cache {r.num_cached_tokens} of {r.num_prompt_tokens} prompt tokens"
-                     f" cached ({share:.1%})")  # fmt: skip
+        lines.append(
+            f"prefix cache {r.num_cached_tokens} of {r.num_prompt_tokens} prompt tokens"
+            f" cached ({share:.1%})"
+        )
     if r.goodput is not None:
         g = r.goodput
         met = "-" if g.fraction_met is None else f"{g.fraction_met:.1%}"
@@ -76,8 +78,9 @@ def format_table(report: Report, title: str = "", slo: Slo | None = None) -> str
         )
     head = "".join(f"{h:>10}" for h in ("mean", "p50", "p90", "p95", "p99", "max"))
     lines += [f"{'ms':<10}{head}{'count':>9}"]
-    lines += [_row(n, s) for n, s in (("TTFT", r.ttft), ("TPOT", r.tpot), ("ITL", r.itl),
-                                      ("E2E", r.e2e))]  # fmt: skip
+    lines += [
+        _row(n, s) for n, s in (("TTFT", r.ttft), ("TPOT", r.tpot), ("ITL", r.itl), ("E2E", r.e2e))
+    ]
     if r.lateness.count:
         lines.append(_row("lateness", r.lateness))
     if r.errors:
@@ -89,16 +92,33 @@ def format_table(report: Report, title: str = "", slo: Slo | None = None) -> str
 
 
 def _split_table(label: str, splits: dict[str, Report]) -> str:
-    cols = ("reqs", "ok", "err", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
-            "TPOT p99", "SLO met")  # fmt: skip
+    cols = (
+        "reqs",
+        "ok",
+        "err",
+        "req/s",
+        "out tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "SLO met",
+    )
     lines = [f"{label:<10}" + "".join(f"{c:>10}" for c in cols)]
     for name, s in splits.items():
         met = s.goodput.fraction_met if s.goodput else None
         cells = [
-            str(s.num_requests), str(s.num_ok), str(s.num_errors), f"{s.request_rps:.2f}",
-            f"{s.output_tok_s:.1f}", _ms(s.ttft.p50), _ms(s.ttft.p99), _ms(s.tpot.p50),
-            _ms(s.tpot.p99), "-" if met is None else f"{met:.1%}",
-        ]  # fmt: skip
+            str(s.num_requests),
+            str(s.num_ok),
+            str(s.num_errors),
+            f"{s.request_rps:.2f}",
+            f"{s.output_tok_s:.1f}",
+            _ms(s.ttft.p50),
+            _ms(s.ttft.p99),
+            _ms(s.tpot.p50),
+            _ms(s.tpot.p99),
+            "-" if met is None else f"{met:.1%}",
+        ]
         lines.append(f"{name:<10}" + "".join(f"{c:>10}" for c in cells))
     return "\n".join(lines)
 

@@ -111,9 +111,11 @@ async def rate_sweep(
         if rate is None:
             return rows
         config = dataclasses.replace(
-            base, concurrency=None, num_requests=None,
+            base,
+            concurrency=None,
+            num_requests=None,
             arrival=dataclasses.replace(shape, rate_rps=rate),
-        )  # fmt: skip
+        )
         result = await run(config)
         report = summarize(result.records, config.slo, result.duration_s)
         met = attainment(report)
@@ -136,9 +138,12 @@ async def concurrency_sweep(
     rows = []
     for level in levels:
         config = dataclasses.replace(
-            base, concurrency=level, arrival=None, max_concurrency=None,
+            base,
+            concurrency=level,
+            arrival=None,
+            max_concurrency=None,
             num_requests=num_requests or requests_per_client * level,
-        )  # fmt: skip
+        )
         result = await run(config)
         row = SweepRow(level, summarize(result.records, config.slo, result.duration_s))
         rows.append(row)

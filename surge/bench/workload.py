@@ -204,11 +204,16 @@ def _synthetic_prompts(config: WorkloadConfig, seed: int) -> Iterator[Prompt]:
             text, n = maker.make(in_len, rng, after=prefix)
             tenant, priority = tenants.pick()
             yield Prompt(
-                index=i, text=text, max_tokens=out_len, system=prefix or None,
+                index=i,
+                text=text,
+                max_tokens=out_len,
+                system=prefix or None,
                 input_len=in_len + config.prefix_len,
                 num_prompt_tokens=None if maker.tokenizer is None else n + config.prefix_len,
-                tenant=tenant, priority=priority, group=group,
-            )  # fmt: skip
+                tenant=tenant,
+                priority=priority,
+                group=group,
+            )
             i += 1
 
 
@@ -253,10 +258,14 @@ def _trace_prompts(
         out = e.max_tokens or sample_lengths(config.output_len, rng, 1)[0]
         tenant, priority = tenants.pick()
         yield Prompt(
-            index=i, text=text, max_tokens=out, input_len=e.prompt_tokens,
-            num_prompt_tokens=num_prompt_tokens, tenant=e.tenant or tenant,
+            index=i,
+            text=text,
+            max_tokens=out,
+            input_len=e.prompt_tokens,
+            num_prompt_tokens=num_prompt_tokens,
+            tenant=e.tenant or tenant,
             priority=e.priority if e.priority is not None else priority,
-        )  # fmt: skip
+        )
 
 
 def trace_times(path: str) -> list[float]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from surge.config_cli import each, flag, group
+from surge.config.flags import each, flag, group
 
-# "auto" (resolved at load: surge/engine/loader.py) and surge.models.quant.QUANTIZATIONS, spelled
-# out so that configs import without torch (a test keeps the two equal).
+# "auto" (resolved at load: surge/engine/runner/loader.py) and
+# surge.models.quant.QUANTIZATIONS, spelled out so that configs import without torch (a test
+# keeps the two equal).
 QUANTIZATIONS = ("auto", "none", "int8", "int8-weight-only", "w8a8", "q4")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = (*DTYPES, "int8")
@@ -46,42 +47,67 @@ def parse_lora_module(text: str) -> tuple[str, str]:
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     model: str = field(default="smollm2-135m", metadata=flag(env="SURGE_MODEL"))  # alias|GGUF|HF
-    dtype: str = field(default="auto", metadata=flag(
-        "auto: bf16 where the device has native bf16 matmuls, else fp16 (CUDA) or fp32",
-        choices=DTYPES))  # fmt: skip
+    dtype: str = field(
+        default="auto",
+        metadata=flag(
+            "auto: bf16 where the device has native bf16 matmuls, else fp16 (CUDA) or fp32",
+            choices=DTYPES,
+        ),
+    )
     device: str = field(default="auto", metadata=flag())  # auto | cpu | cuda | cuda:N
     max_model_len: int | None = field(default=None, metadata=flag())  # None: the model's own
     seed: int = field(default=0, metadata=flag())  # seeds random requests that carry no seed
     # compiled CPU attention kernels (built on first use; torch fallback)
-    use_kernels: bool = field(default=True, metadata=flag(
-        "torch ops only (no compiled CPU attention)", name="no-kernels", negate=True))  # fmt: skip
+    use_kernels: bool = field(
+        default=True,
+        metadata=flag("torch ops only (no compiled CPU attention)", name="no-kernels", negate=True),
+    )
     # auto (a GGUF's own 4-bit blocks where this CPU has their kernel, else none) | none |
     # int8 (kernel chosen per batch shape) | int8-weight-only | w8a8 | q4
-    # (surge/engine/loader.py resolve_quantization, surge/models/quant.py, surge/models/q4.py)
-    quantization: str = field(default="auto", metadata=flag(
-        "auto: a Q4_1 GGUF's own 4-bit blocks (q4) on a CPU with their kernel (AVX2 or "
-        "AVX-512 VNNI), else none; int8 weights (per-channel scales; int8 picks the kernel per "
-        "batch shape); q4: 4-bit blocks (GGUF Q4_1) for decode batches, int8 for larger ones",
-        choices=QUANTIZATIONS))  # fmt: skip
+    # (surge/engine/runner/loader.py resolve_quantization, surge/models/quant.py,
+    # surge/models/q4.py)
+    quantization: str = field(
+        default="auto",
+        metadata=flag(
+            "auto: a Q4_1 GGUF's own 4-bit blocks (q4) on a CPU with their kernel (AVX2 or "
+            "AVX-512 VNNI), else none; int8 weights (per-channel scales; int8 picks the kernel per "
+            "batch shape); q4: 4-bit blocks (GGUF Q4_1) for decode batches, int8 for larger ones",
+            choices=QUANTIZATIONS,
+        ),
+    )
     # torch.compile the decode step, batch sizes padded to buckets
     compile: bool = field(default=False, metadata=flag("torch.compile the decode step (opt-in)"))
     # With compile: build every decode graph at start, so no live request waits for a compile.
     compile_warmup: bool = True
     # q4 on CPU: decode steps run every layer in one compiled call
     # (surge/models/q4_decode.py) instead of layer by layer, compiled or not.
-    fused_decode: bool = field(default=True, metadata=flag(
-        "q4: run decode steps layer by layer, not as one compiled call", name="no-fused-decode",
-        negate=True))  # fmt: skip
-    # CUDA: pure-decode steps replay captured CUDA graphs (surge/engine/cuda_graphs.py);
+    fused_decode: bool = field(
+        default=True,
+        metadata=flag(
+            "q4: run decode steps layer by layer, not as one compiled call",
+            name="no-fused-decode",
+            negate=True,
+        ),
+    )
+    # CUDA: pure-decode steps replay captured CUDA graphs (surge/engine/runner/cuda_graphs.py);
     # False is vLLM's --enforce-eager.
-    cuda_graphs: bool = field(default=True, metadata=flag(
-        "GPU: run decode steps eagerly, not replayed from captured CUDA graphs",
-        name="enforce-eager", negate=True))  # fmt: skip
+    cuda_graphs: bool = field(
+        default=True,
+        metadata=flag(
+            "GPU: run decode steps eagerly, not replayed from captured CUDA graphs",
+            name="enforce-eager",
+            negate=True,
+        ),
+    )
     # Greedy output the same whatever else is in the batch: every step on one kernel and
     # reduction order for 1 and N rows (the fused 4-bit stack on its int8 copies at every size).
-    batch_invariant: bool = field(default=False, metadata=flag(
-        "greedy output identical whatever else is in the batch (q4 on CPU: every step on "
-        "the int8 copies; small steps slower, see docs/precision.md)"))  # fmt: skip
+    batch_invariant: bool = field(
+        default=False,
+        metadata=flag(
+            "greedy output identical whatever else is in the batch (q4 on CPU: every step on "
+            "the int8 copies; small steps slower, see docs/precision.md)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -99,9 +125,13 @@ class CacheConfig:
     block_size: int = field(default=16, metadata=flag())
     # Memory budget for the KV block pool; None: 2 GiB on a CPU, on a GPU what
     # gpu_memory_utilization leaves after the weights and a step's transients (kv_cache.py).
-    kv_cache_memory_gib: float | None = field(default=None, metadata=flag(
-        "memory for the KV cache (default: 2 on a CPU; on a GPU what "
-        "--gpu-memory-utilization leaves after the weights)"))  # fmt: skip
+    kv_cache_memory_gib: float | None = field(
+        default=None,
+        metadata=flag(
+            "memory for the KV cache (default: 2 on a CPU; on a GPU what "
+            "--gpu-memory-utilization leaves after the weights)"
+        ),
+    )
     gpu_memory_utilization: float = field(
         default=0.9,
         metadata=flag(
@@ -114,9 +144,14 @@ class CacheConfig:
         default=True, metadata=flag(name="no-prefix-caching", negate=True)
     )
     # auto (see device.choose_kv_dtype) | float32 | bfloat16 | float16 | int8 (kv_quant.py)
-    kv_cache_dtype: str = field(default="auto", metadata=flag(
-        "auto: the model's dtype, but bf16 where auto chose float32 on a CPU; int8: "
-        "a scale per token and head, half of bf16's bytes", choices=KV_CACHE_DTYPES))  # fmt: skip
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata=flag(
+            "auto: the model's dtype, but bf16 where auto chose float32 on a CPU; int8: "
+            "a scale per token and head, half of bf16's bytes",
+            choices=KV_CACHE_DTYPES,
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -139,7 +174,7 @@ class CacheConfig:
 SCHEDULING_POLICIES = ("fcfs", "priority", "fair", "priority-fair")
 
 
-# How the engine gets its start-up step costs (engine/calibrate.py startup_samples).
+# How the engine gets its start-up step costs (engine/core/calibrate.py startup_samples).
 CALIBRATION_MODES = ("cached", "measure", "off")
 
 
@@ -148,30 +183,57 @@ class SchedulerConfig:
     max_num_seqs: int = field(default=256, metadata=flag())  # cap on running requests
     # token budget of one step (prefill chunks + decodes)
     max_num_batched_tokens: int = field(default=512, metadata=flag())
-    # one of SCHEDULING_POLICIES (engine/policies.py explains each)
-    policy: str = field(default="fcfs", metadata=flag(
-        "fcfs; priority (lower value sooner, with aging); fair (per-tenant token share, "
-        "VTC); priority-fair (priority bands, fair share within a band)",
-        name="scheduling-policy", choices=SCHEDULING_POLICIES))  # fmt: skip
+    # one of SCHEDULING_POLICIES (engine/core/policies.py explains each)
+    policy: str = field(
+        default="fcfs",
+        metadata=flag(
+            "fcfs; priority (lower value sooner, with aging); fair (per-tenant token share, "
+            "VTC); priority-fair (priority bands, fair share within a band)",
+            name="scheduling-policy",
+            choices=SCHEDULING_POLICIES,
+        ),
+    )
     # priority: waiting this long is worth one priority level (None: no aging, lows may starve).
-    priority_aging_s: float | None = field(default=5.0, metadata=flag(
-        "seconds of waiting worth one priority level (0: no aging; low priority may starve)",
-        to_field=_zero_is_none))  # fmt: skip
+    priority_aging_s: float | None = field(
+        default=5.0,
+        metadata=flag(
+            "seconds of waiting worth one priority level (0: no aging; low priority may starve)",
+            to_field=_zero_is_none,
+        ),
+    )
     # priority: a waiting request may preempt running work this many levels less urgent when the
     # batch is full (None: never; SGLang's --priority-scheduling-preemption-threshold).
-    preemption_threshold: int | None = field(default=1, metadata=flag(
-        "a waiting request may preempt running work this many priority levels less urgent "
-        "when the batch is full (0: never)", to_field=_zero_is_none))  # fmt: skip
+    preemption_threshold: int | None = field(
+        default=1,
+        metadata=flag(
+            "a waiting request may preempt running work this many priority levels less urgent "
+            "when the batch is full (0: never)",
+            to_field=_zero_is_none,
+        ),
+    )
     # fair: token service is weighted per tenant; a tenant's share is its weight over the sum.
-    tenant_weights: tuple[tuple[str, float], ...] = field(default=(), metadata=flag(
-        "fair-share weight of a tenant (repeatable; others weigh 1)", name="tenant-weight",
-        repeat=True, metavar="TENANT=WEIGHT", to_field=each(parse_tenant_weight)))  # fmt: skip
-    # Start-up step costs for admission's wait estimate (engine/calibrate.py): cached | measure
+    tenant_weights: tuple[tuple[str, float], ...] = field(
+        default=(),
+        metadata=flag(
+            "fair-share weight of a tenant (repeatable; others weigh 1)",
+            name="tenant-weight",
+            repeat=True,
+            metavar="TENANT=WEIGHT",
+            to_field=each(parse_tenant_weight),
+        ),
+    )
+    # Start-up step costs for admission's wait estimate (engine/core/calibrate.py): cached | measure
     # | off.
-    calibration: str = field(default="cached", metadata=flag(
-        "start-up step costs for the wait estimate: cached (reuse the last measurement for this "
-        "model, configuration and machine, else measure, ~3 s on SmolLM2), measure (always), "
-        "off (learn from the first steps only)", choices=CALIBRATION_MODES))  # fmt: skip
+    calibration: str = field(
+        default="cached",
+        metadata=flag(
+            "start-up step costs for the wait estimate: cached (reuse the last measurement for "
+            "this model, configuration and machine, else measure, ~3 s on SmolLM2), measure "
+            "(always), "
+            "off (learn from the first steps only)",
+            choices=CALIBRATION_MODES,
+        ),
+    )
     default_tenant_weight: float = 1.0
     prompt_token_cost: float = 1.0  # VTC's w_p, w_q: a decoded token costs more than a prompt one
     output_token_cost: float = 2.0
@@ -209,7 +271,7 @@ class SchedulerConfig:
 
 @dataclass(frozen=True, slots=True)
 class LoRAConfig:
-    """LoRA adapters served beside the base model (surge/engine/lora_manager.py)."""
+    """LoRA adapters served beside the base model (surge/engine/runner/lora_manager.py)."""
 
     # implied by `adapters`; alone: adapters come at run time
     enable_lora: bool = field(default=False, metadata=flag("implied by --lora-modules"))
@@ -218,10 +280,16 @@ class LoRAConfig:
     # slots are sized for this rank; larger adapters are refused
     max_lora_rank: int = field(default=16, metadata=flag())
     # (name, PEFT folder) loaded at start
-    adapters: tuple[tuple[str, str], ...] = field(default=(), metadata=flag(
-        'adapters loaded at start: NAME=PATH or {"name": ..., "path": ...}',
-        name="lora-modules", nargs="+", metavar="NAME=PATH",
-        to_field=each(parse_lora_module)))  # fmt: skip
+    adapters: tuple[tuple[str, str], ...] = field(
+        default=(),
+        metadata=flag(
+            'adapters loaded at start: NAME=PATH or {"name": ..., "path": ...}',
+            name="lora-modules",
+            nargs="+",
+            metavar="NAME=PATH",
+            to_field=each(parse_lora_module),
+        ),
+    )
 
     @property
     def active(self) -> bool:
@@ -243,7 +311,7 @@ class LoRAConfig:
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
-    """Speculative decoding with prompt-lookup drafts (surge/engine/ngram.py); vLLM's
+    """Speculative decoding with prompt-lookup drafts (surge/engine/core/ngram.py); vLLM's
     --speculative-config {"method": "ngram", ...}. Off while num_speculative_tokens is 0."""
 
     method: str = "ngram"
@@ -284,15 +352,24 @@ def speculative_config(text: str | None) -> SpeculativeConfig:
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Each part's flags are one argument group of `surge serve --help` (surge/config_cli.py)."""
+    """Each part's flags are one argument group of `surge serve --help` (surge/config/flags.py)."""
 
     model: ModelConfig = field(default_factory=ModelConfig, metadata=group("model"))
     cache: CacheConfig = field(default_factory=CacheConfig, metadata=group("KV cache"))
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig, metadata=group("scheduler"))
-    lora: LoRAConfig = field(default_factory=LoRAConfig, metadata=group(
-        "LoRA adapters (PEFT folders; a request names one as `model`)"))  # fmt: skip
-    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig, metadata=flag(
-        'speculative decoding, vLLM\'s form: {"method": "ngram", "num_speculative_tokens": '
-        '4, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "disable_by_batch_size": N}',
-        name="speculative-config", default=None, metavar="JSON", to_field=speculative_config,
-        group="speculative decoding"))  # fmt: skip
+    lora: LoRAConfig = field(
+        default_factory=LoRAConfig,
+        metadata=group("LoRA adapters (PEFT folders; a request names one as `model`)"),
+    )
+    speculative: SpeculativeConfig = field(
+        default_factory=SpeculativeConfig,
+        metadata=flag(
+            'speculative decoding, vLLM\'s form: {"method": "ngram", "num_speculative_tokens": '
+            '4, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "disable_by_batch_size": N}',
+            name="speculative-config",
+            default=None,
+            metavar="JSON",
+            to_field=speculative_config,
+            group="speculative decoding",
+        ),
+    )

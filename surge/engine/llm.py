@@ -9,6 +9,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from surge.engine.client.output_processor import OutputProcessor
+from surge.engine.client.outputs import TokenLogprob
 from surge.engine.config import (
     CacheConfig,
     EngineConfig,
@@ -17,12 +19,10 @@ from surge.engine.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from surge.engine.core import EngineCore
-from surge.engine.output_processor import OutputProcessor
-from surge.engine.request import TokenLogprob
-from surge.models.generation_config import read_model_defaults
-from surge.models.resolve import resolve_model
-from surge.models.weights import ModelFiles
+from surge.engine.core.engine_core import EngineCore
+from surge.models.formats.generation_config import read_model_defaults
+from surge.models.formats.model_files import ModelFiles
+from surge.models.formats.resolve import resolve_model
 from surge.sampling_params import SamplingParams
 
 

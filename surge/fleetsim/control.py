@@ -1,6 +1,6 @@
 """The decision side of a simulated fleet: each policy is the autoscaler's own code,
-`desired_replicas` and `Stabilizer` (surge/autoscale/decide.py) with one of its forecasters, not
-a copy; the simulator only hands them Signals and the time.
+`desired_replicas`, `BatchJudge` and `Stabilizer` (surge/autoscale/decide.py) with one of its
+forecasters, not a copy; the simulator only hands them Signals and the time.
 
     reactive  the ongoing and queue signals, no forecast (Surge with --forecast-horizon 0)
     keda      the queue signal alone: ceil(waiting / target), as a KEDA ScaledObject on
@@ -17,11 +17,55 @@ from dataclasses import dataclass
 import numpy as np
 
 from surge.autoscale.config import AutoscalerConfig
-from surge.autoscale.decide import Decision, Stabilizer, desired_replicas
+from surge.autoscale.decide import BatchJudge, Decision, Stabilizer, desired_replicas
 from surge.autoscale.forecasters import ForecastConfig, Forecaster, make_forecaster, peak_ahead
 from surge.autoscale.signals import Signals
 
 POLICIES = ("reactive", "keda", "holt", "seasonal", "learned", "oracle")
+# How each policy's count may move (the Stabilizer's settings):
+#   surge  as the flags set them (the autoscaler's defaults: down after 60 s, +4/-1 a decision)
+#   hpa    Kubernetes HPA's default behavior: down to the highest recommendation of 300 s, by
+#          up to 100% of the count per 15 s; up at once, by max(4 replicas, 100%) per 15 s
+#   hpa-pods  HPA's 300 s down window with Pods policies: +4 and -1 replicas per 15 s
+#   none   no window and no step: each decision's count as it is
+STABILIZATIONS = ("surge", "hpa", "hpa-pods", "none")
+
+
+def stabilized(auto: AutoscalerConfig, name: str) -> AutoscalerConfig:
+    if name == "surge":
+        return auto
+    if name == "hpa":
+        return dataclasses.replace(
+            auto,
+            scale_up_window_s=0.0,
+            scale_down_window_s=300.0,
+            scale_period_s=15.0,
+            max_scale_up_step=4,
+            max_scale_up_percent=100.0,
+            max_scale_down_step=1,
+            max_scale_down_percent=100.0,
+        )
+    if name == "hpa-pods":
+        return dataclasses.replace(
+            auto,
+            scale_up_window_s=0.0,
+            scale_down_window_s=300.0,
+            scale_period_s=15.0,
+            max_scale_up_step=4,
+            max_scale_up_percent=0.0,
+            max_scale_down_step=1,
+            max_scale_down_percent=0.0,
+        )
+    if name == "none":
+        return dataclasses.replace(
+            auto,
+            scale_up_window_s=0.0,
+            scale_down_window_s=0.0,
+            scale_period_s=0.0,
+            max_scale_up_step=auto.max_replicas,
+            max_scale_down_step=auto.max_replicas,
+        )
+    raise ValueError(f"stabilization must be one of {STABILIZATIONS}, got {name!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +101,9 @@ class Controller:
         self.autoscaler = config.autoscaler
         self.forecaster = forecaster
         self.stabilizer = Stabilizer(self.autoscaler)
+        self.batch = BatchJudge(self.autoscaler)
         self.last_forecast: float | None = None
+        self.batch_scale_ups = 0  # decisions the batch signal alone made larger
 
     def observe(self, now_s: float, arrival_rps: float) -> None:
         """History (before the simulated span), or the arrival rate seen at a tick."""
@@ -71,8 +117,13 @@ class Controller:
             c = self.config
             forecast = peak_ahead(self.forecaster, now_s, c.horizon_s, min(c.step_s, c.horizon_s))
         self.last_forecast = forecast
-        decision = desired_replicas(signals, self.autoscaler, forecast, current)
-        return self.stabilizer.recommend(now_s, decision.desired, current), decision
+        batch = self.batch.want(now_s, signals)
+        decision = desired_replicas(signals, self.autoscaler, forecast, current, batch)
+        target = self.stabilizer.recommend(now_s, decision.desired, current)
+        others = max(n for k, n in decision.wants.items() if k != "batch")
+        if target > current and target > others:
+            self.batch_scale_ups += 1
+        return target, decision
 
 
 def make_controller(

@@ -49,8 +49,14 @@ def save_plots(result: SimResult, out_dir: str | Path, title: str) -> list[Path]
         top.legend(loc="upper left", fontsize=8)
         top.set_title(f"{name}: {title}")
         bottom.step(x, tl.ready, where="post", lw=1, label="ready")
-        bottom.step(x, np.asarray(tl.ready) + np.asarray(tl.starting), where="post", lw=0.8,
-                    alpha=0.7, label="ready + starting")  # fmt: skip
+        bottom.step(
+            x,
+            np.asarray(tl.ready) + np.asarray(tl.starting),
+            where="post",
+            lw=0.8,
+            alpha=0.7,
+            label="ready + starting",
+        )
         bottom.set_ylabel("replicas")
         bottom.set_xlabel(unit)
         bottom.legend(loc="upper left", fontsize=8)

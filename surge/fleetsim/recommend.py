@@ -67,23 +67,28 @@ def format_recommendation(r: dict[str, Any]) -> str:
     cpu = "-" if r["cpu_request"] is None else f"{r['cpu_request']:g}"
     mem = "-" if r["memory_request_gib"] is None else f"{r['memory_request_gib']:g}Gi"
     verdict = "meets the SLO" if r["meets_slo"] else "MISSES the SLO even at 1 sequence"
-    return "\n".join([
-        f"per replica: --max-num-seqs {r['max_num_seqs']} (TTFT {r['ttft_s']:.3f} s, TPOT "
-        f"{r['tpot_s'] * 1000:.0f} ms there: {verdict}), {r['replica_rps']:.2f} req/s",
-        f"  --kv-cache-memory-gib {r['kv_cache_memory_gib']:g}",
-        f"  requests: cpu {cpu}, memory {mem}",
-        f"replicas: {r['replicas']} for a peak of {r['peak_rps']:g} req/s with "
-        f"{r['headroom']:.0%} headroom (ceil({r['peak_rps']:g} x {1 + r['headroom']:g} / "
-        f"{r['replica_rps']:.2f}))",
-        f"surge autoscale --target-ongoing {r['max_num_seqs']} --max-replicas {r['replicas']} "
-        f"--forecast-horizon {r['cold_start_s'] + 2:g} -- --max-num-seqs {r['max_num_seqs']} "
-        f"--kv-cache-memory-gib {r['kv_cache_memory_gib']:g}",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"per replica: --max-num-seqs {r['max_num_seqs']} (TTFT {r['ttft_s']:.3f} s, TPOT "
+            f"{r['tpot_s'] * 1000:.0f} ms there: {verdict}), {r['replica_rps']:.2f} req/s",
+            f"  --kv-cache-memory-gib {r['kv_cache_memory_gib']:g}",
+            f"  requests: cpu {cpu}, memory {mem}",
+            f"replicas: {r['replicas']} for a peak of {r['peak_rps']:g} req/s with "
+            f"{r['headroom']:.0%} headroom (ceil({r['peak_rps']:g} x {1 + r['headroom']:g} / "
+            f"{r['replica_rps']:.2f}))",
+            f"surge autoscale --target-ongoing {r['max_num_seqs']} --max-replicas {r['replicas']} "
+            f"--forecast-horizon {r['cold_start_s'] + 2:g} -- --max-num-seqs {r['max_num_seqs']} "
+            f"--kv-cache-memory-gib {r['kv_cache_memory_gib']:g}",
+        ]
+    )
 
 
 def cmd_recommend(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="surge autoscale recommend", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="surge autoscale recommend",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--profile", required=True, help="surge bench sweep --concurrency --output")
     p.add_argument("--peak-rps", type=float, required=True)
     p.add_argument("--slo", type=slo, required=True, help="e.g. ttft=2s,tpot=100ms")
@@ -97,7 +102,13 @@ def cmd_recommend(argv: Sequence[str]) -> int:
         profile = load_profile(args.profile)
     except (ValueError, OSError) as e:
         p.error(str(e))
-    r = recommend(profile, args.peak_rps, args.slo.ttft_s, args.slo.tpot_s, args.headroom,
-                  args.kv_bytes_per_token)  # fmt: skip
+    r = recommend(
+        profile,
+        args.peak_rps,
+        args.slo.ttft_s,
+        args.slo.tpot_s,
+        args.headroom,
+        args.kv_bytes_per_token,
+    )
     print(json.dumps(r, indent=2) if args.json else format_recommendation(r))
     return 0

@@ -17,6 +17,7 @@ class RunConfig:
     slo_tpot_s: float | None
     max_num_seqs: int
     capacity_rps: float  # one replica at its target concurrency (for the capacity line)
+    batch_fill: int = 0  # batch lines fill a replica up to this many sequences in all
 
 
 @dataclass(slots=True)
@@ -45,6 +46,7 @@ class PolicyResult:
     replica_s: float = 0.0
     scale_events: int = 0
     timeline: Timeline = field(default_factory=Timeline)
+    batch: dict[str, Any] | None = None  # BatchQueue.summary(): None without batch work
 
     def summary(self, run: RunConfig) -> dict[str, Any]:
         attainment = self.met / self.judged if self.judged else None
@@ -56,6 +58,7 @@ class PolicyResult:
             "scale_events": self.scale_events,
             "max_replicas": max(self.timeline.ready, default=0),
             "peaks": peak_leads(self.timeline, run.capacity_rps),
+            "batch": self.batch,
         }
 
 
@@ -90,11 +93,16 @@ def peak_leads(tl: Timeline, per_replica_rps: float) -> list[dict[str, Any]]:
             j = m + int(up[0])
             reached = np.nonzero(capacity[m : i + 2 * half] >= mid)[0]
             t_cap = float(t[m + reached[0]]) if len(reached) else None  # at m: a lower bound
-            out.append({
-                "t_s": float(t[i]), "demand_rps": float(demand[i]), "mid_rps": float(mid),
-                "demand_rose_s": float(t[j]), "capacity_rose_s": t_cap,
-                "lead_s": None if t_cap is None else float(t[j]) - t_cap,
-            })  # fmt: skip
+            out.append(
+                {
+                    "t_s": float(t[i]),
+                    "demand_rps": float(demand[i]),
+                    "mid_rps": float(mid),
+                    "demand_rose_s": float(t[j]),
+                    "capacity_rose_s": t_cap,
+                    "lead_s": None if t_cap is None else float(t[j]) - t_cap,
+                }
+            )
             i = hi
         else:
             i += 1

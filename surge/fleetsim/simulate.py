@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from surge.autoscale.config import AutoscalerConfig
-from surge.fleetsim.control import OracleForecaster, PolicyConfig, make_controller
+from surge.fleetsim.batch import BatchQueue, BatchSpec
+from surge.fleetsim.control import OracleForecaster, PolicyConfig, make_controller, stabilized
 from surge.fleetsim.des import simulate_requests
 from surge.fleetsim.fluid import simulate_fluid
 from surge.fleetsim.profile import CapacityProfile
@@ -41,12 +42,19 @@ class SimConfig:
     period_s: float | None = None
     max_num_seqs: int | None = None  # None: the profile's highest level
     fluid_step_s: float = 1.0
+    batches: tuple[BatchSpec, ...] = ()  # batch work, run in what interactive traffic leaves
+    stabilizations: tuple[str, ...] = ("surge",)  # control.STABILIZATIONS: each policy under each
 
     def __post_init__(self) -> None:
         if self.mode not in ("requests", "fluid", "auto"):
             raise ValueError(f"mode must be requests, fluid or auto, got {self.mode!r}")
         if not self.duration_s > 0 or self.history_s < 0:
             raise ValueError("duration must be > 0 and history >= 0")
+        if not self.stabilizations:
+            raise ValueError("at least one stabilization")
+        for name in self.stabilizations:
+            stabilized(self.autoscaler, name)  # refuses an unknown one
+        BatchQueue(self.batches, self.duration_s)  # refuses windows past the span
 
 
 @dataclass(slots=True)
@@ -71,6 +79,8 @@ class SimResult:
             "max_num_seqs": self.run.max_num_seqs,
             "replica_capacity_rps": self.run.capacity_rps,
             "elapsed_s": self.elapsed_s,
+            "stabilizations": list(c.stabilizations),
+            "batches": [dataclasses.asdict(b) for b in c.batches],
         }
 
 
@@ -79,7 +89,14 @@ def simulate(config: SimConfig) -> SimResult:
     c, prof, auto = config, config.profile, config.autoscaler
     seqs = c.max_num_seqs or int(max(prof.levels))
     target = min(auto.target_ongoing_per_replica, seqs)
-    run = RunConfig(c.duration_s, c.slo_ttft_s, c.slo_tpot_s, seqs, prof.rps_at(target))
+    run = RunConfig(
+        c.duration_s,
+        c.slo_ttft_s,
+        c.slo_tpot_s,
+        seqs,
+        prof.rps_at(target),
+        batch_fill=math.floor(target),
+    )
     span = c.history_s + c.duration_s
     mode = c.mode
     if mode == "auto":
@@ -95,30 +112,42 @@ def simulate(config: SimConfig) -> SimResult:
     n_hist = round(c.history_s / step)
     history, future = counts[:n_hist], counts[n_hist:]
     horizon = c.horizon_s if c.horizon_s is not None else prof.start_s + tick
-    pc = PolicyConfig(auto, horizon, c.step_s, c.period_s)
     # Start with what the first minute needs (Little's law at the target), as a running fleet.
     first = float(future[: max(1, round(60 / step))].mean()) / step
     initial = math.ceil(first * prof.e2e(target) / target - 1e-9)
     initial = min(max(initial, auto.min_replicas, 1), auto.max_replicas)
     results: dict[str, PolicyResult] = {}
-    for name in c.policies:
-        oracle = OracleForecaster(future, step, 0.0, max(c.step_s, step))
-        controller = make_controller(name, pc, oracle)
-        if controller.forecaster is not None and len(history):
-            per_tick = max(1, round(tick / step))
-            for k in range(0, len(history) - per_tick + 1, per_tick):
-                rate = float(history[k : k + per_tick].sum()) / (per_tick * step)
-                controller.observe((k + per_tick) * step - c.history_s, rate)
-        if mode == "requests":
-            measured = times[times >= c.history_s] - c.history_s
-            results[name] = simulate_requests(measured, prof, controller, run, initial)
-        else:
-            results[name] = simulate_fluid(future, step, prof, controller, run, initial)
+    for stab in c.stabilizations:
+        pc = PolicyConfig(stabilized(auto, stab), horizon, c.step_s, c.period_s)
+        for name in c.policies:
+            key = name if len(c.stabilizations) == 1 else f"{name}@{stab}"
+            oracle = OracleForecaster(future, step, 0.0, max(c.step_s, step))
+            controller = make_controller(name, pc, oracle)
+            controller.name = key
+            if controller.forecaster is not None and len(history):
+                per_tick = max(1, round(tick / step))
+                for k in range(0, len(history) - per_tick + 1, per_tick):
+                    rate = float(history[k : k + per_tick].sum()) / (per_tick * step)
+                    controller.observe((k + per_tick) * step - c.history_s, rate)
+            batch = BatchQueue(c.batches, c.duration_s) if c.batches else None
+            if mode == "requests":
+                measured = times[times >= c.history_s] - c.history_s
+                results[key] = simulate_requests(measured, prof, controller, run, initial, batch)
+            else:
+                results[key] = simulate_fluid(future, step, prof, controller, run, initial, batch)
+            summary = results[key].batch
+            if summary is not None:
+                summary["scale_ups_for_batch"] = controller.batch_scale_ups
     return SimResult(config, run, mode, results, time.perf_counter() - t0)
 
 
-def with_defaults(auto: AutoscalerConfig, profile: CapacityProfile, slo_ttft: float | None,
-                  slo_tpot: float | None, target: float | None) -> AutoscalerConfig:  # fmt: skip
+def with_defaults(
+    auto: AutoscalerConfig,
+    profile: CapacityProfile,
+    slo_ttft: float | None,
+    slo_tpot: float | None,
+    target: float | None,
+) -> AutoscalerConfig:
     """The per-replica target: the highest measured concurrency that meets the SLO."""
     level = target if target is not None else profile.max_level_within(slo_ttft, slo_tpot)
     return dataclasses.replace(auto, target_ongoing_per_replica=level)

@@ -10,10 +10,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -22,10 +20,8 @@ from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from surge.deadline import parse_timeout
-from surge.disconnect import done_before_disconnect
-from surge.discovery import DnsTarget
-from surge.gateway.balancers import Balancer, make_balancer
+from surge.batch import routes as batch_routes
+from surge.gateway.batch_api import open_batch_service
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
 from surge.gateway.dashboard import install as install_dashboard
 from surge.gateway.degrade import DEGRADED_HEADER, cap_max_tokens, decide
@@ -40,57 +36,31 @@ from surge.gateway.errors import (
     install_error_handlers,
 )
 from surge.gateway.health import probe_loop
-from surge.gateway.limits import ConcurrencyLimiter, LimitExceeded
-from surge.gateway.metrics import GatewayMetrics
+from surge.gateway.hop_headers import forward_headers
+from surge.gateway.limits import LimitExceeded
 from surge.gateway.prefix_affinity import route_key
 from surge.gateway.probes import probe_router
-from surge.gateway.proxy import Proxy, ProxyRequest, forward_headers
-from surge.gateway.response_owners import ResponseOwners
+from surge.gateway.proxy import Proxy, ProxyRequest
 from surge.gateway.resume import StreamResume
+from surge.gateway.state import GatewayState
 from surge.gateway.streaming import RelayStream
 from surge.gateway.upstreams import (
     FALLBACK,
     PRIMARY,
-    UpstreamPool,
     reload_upstreams,
     scrape_loop,
     watch_upstreams_file,
 )
+from surge.http.deadline import parse_timeout
+from surge.http.disconnect import done_before_disconnect
+from surge.http.discovery import DnsTarget
+from surge.http.request_id import REQUEST_ID_HEADER, RequestIdMiddleware
+from surge.http.unicode_check import body_has_lone_surrogate
 from surge.observability.tracing import Tracing, extract
-from surge.request_id import REQUEST_ID_HEADER, RequestIdMiddleware
-from surge.unicode_check import body_has_lone_surrogate
 
 log = logging.getLogger(__name__)
 
 GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
-
-
-@dataclass
-class GatewayState:
-    config: GatewayConfig
-    pool: UpstreamPool
-    balancers: dict[str, Balancer]
-    metrics: GatewayMetrics
-    limiter: ConcurrencyLimiter
-    reload_now: asyncio.Event = field(default_factory=asyncio.Event)  # set by SIGHUP
-    proxy: Proxy | None = None  # built in the lifespan, with the HTTP client
-    tracing: Tracing = field(default_factory=Tracing.off)  # started in the lifespan
-    owners: ResponseOwners = field(default_factory=ResponseOwners)  # stored responses' homes
-    draining: bool = False  # SIGTERM (launch.py): not ready, new requests get 503
-
-    @classmethod
-    def create(cls, config: GatewayConfig) -> GatewayState:
-        rng = random.Random(config.seed)
-        return cls(
-            config=config,
-            pool=UpstreamPool(config),
-            # Each group learns on its own: a fallback's prefixes say nothing of the primaries.
-            balancers={
-                g: make_balancer(config.policy, config.prefix, rng) for g in (PRIMARY, FALLBACK)
-            },
-            metrics=GatewayMetrics(),
-            limiter=ConcurrencyLimiter(config.limits),
-        )
 
 
 def build_app(config: GatewayConfig) -> FastAPI:
@@ -106,22 +76,35 @@ def build_app(config: GatewayConfig) -> FastAPI:
             httpx.AsyncClient(timeout=config.health.timeout_s) as monitor,
         ):
             state.tracing = Tracing.start(config.tracing)
-            state.proxy = Proxy(config, state.pool, state.balancers, client, state.metrics,
-                                tracing=state.tracing, owners=state.owners)  # fmt: skip
+            state.proxy = Proxy(
+                config,
+                state.pool,
+                state.balancers,
+                client,
+                state.metrics,
+                tracing=state.tracing,
+                owners=state.owners,
+            )
             tasks = await _start_background(state, monitor)
+            batch = open_batch_service(state, app)  # /v1/files, /v1/batches (surge/batch)
             try:
                 yield
             finally:
+                if batch is not None:
+                    await batch.close()
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 state.tracing.shutdown()
 
-    app = FastAPI(title="Surge gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)  # fmt: skip
+    app = FastAPI(
+        title="Surge gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.gateway = state
     install_error_handlers(app)
     install_dashboard(app, state.pool, config.autoscaler_url)  # before the catch-all routes
+    app.include_router(batch_routes.router)  # the gateway's own batches, before them too
+    app.state.batch = None
     app.add_middleware(RequestIdMiddleware)  # the id goes upstream and back to the client
 
     @app.post("/v1/completions", response_model=None)
@@ -136,17 +119,18 @@ def build_app(config: GatewayConfig) -> FastAPI:
     async def responses(request: Request) -> Response:
         return await _proxy(state, request, "/v1/responses", generation=True)
 
-    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"],
-                   response_model=None)  # fmt: skip
+    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], response_model=None)
     @app.get("/v1/responses/{response_id}/input_items", response_model=None)
     @app.post("/v1/responses/{response_id}/cancel", response_model=None)
     async def stored_response(request: Request, response_id: str) -> Response:
         owner = await _owner(state, request, response_id)
         if owner is None:
-            raise NotFound(f"Response with id '{response_id}' not found.",
-                           code="response_not_found")  # fmt: skip
-        response = await _proxy(state, request, "/v1/responses/{id}", generation=False,
-                                pinned=owner)  # fmt: skip
+            raise NotFound(
+                f"Response with id '{response_id}' not found.", code="response_not_found"
+            )
+        response = await _proxy(
+            state, request, "/v1/responses/{id}", generation=False, pinned=owner
+        )
         if request.method == "DELETE" and response.status_code == 200:
             state.owners.forget(response_id)
         return response
@@ -165,8 +149,9 @@ def build_app(config: GatewayConfig) -> FastAPI:
         body, content_type = state.metrics.render()
         return Response(body, media_type=content_type)
 
-    @app.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-                   response_model=None)  # fmt: skip
+    @app.api_route(
+        "/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], response_model=None
+    )
     async def passthrough(request: Request, rest: str) -> Response:
         if rest.startswith("models") and request.method == "GET":
             cards = _model_cards(state)
@@ -196,16 +181,20 @@ async def _start_background(
             await reload_upstreams(pool, config.upstreams_file)
         except (OSError, ValueError) as e:
             log.error("cannot read upstreams file %s: %s", config.upstreams_file, e)
-        watcher = watch_upstreams_file(pool, config.upstreams_file, config.reload_interval_s,
-                                       state.reload_now)  # fmt: skip
+        watcher = watch_upstreams_file(
+            pool, config.upstreams_file, config.reload_interval_s, state.reload_now
+        )
         tasks.append(asyncio.create_task(watcher))
     if config.discover:
         targets = [DnsTarget.parse(t) for t in config.discover]
         try:
             await discover_once(pool, targets)  # serve with the pods there are now
         except OSError as e:  # DNS not answering yet: the watch tries again
-            log.error("DNS discovery failed at start (retrying every %gs): %s",
-                      config.discover_interval_s, e)  # fmt: skip
+            log.error(
+                "DNS discovery failed at start (retrying every %gs): %s",
+                config.discover_interval_s,
+                e,
+            )
         tasks.append(asyncio.create_task(watch_dns(pool, targets, config.discover_interval_s)))
     if config.health.interval_s > 0:
         probes = probe_loop(pool.all, monitor, config.health, time.monotonic)
@@ -292,8 +281,9 @@ async def _owner(state: GatewayState, request: Request, response_id: str) -> str
     serving = [u for u in state.pool.all() if u.in_rotation(now_s)]
     auth = request.headers.get("authorization")
     headers = {"authorization": auth} if auth else {}
-    return await state.owners.locate(response_id, serving, state.proxy.client, headers,
-                                     state.config.health.timeout_s)  # fmt: skip
+    return await state.owners.locate(
+        response_id, serving, state.proxy.client, headers, state.config.health.timeout_s
+    )
 
 
 async def _proxy(
@@ -365,8 +355,9 @@ async def _admit_and_forward(
         await limiter.acquire(api_key)
     except LimitExceeded as e:
         metrics.shed.labels(e.reason).inc()
-        raise TooManyRequests(f"gateway busy ({e.reason.replace('_', ' ')})", code=e.reason,
-                              retry_after_s=1.0) from None  # fmt: skip
+        raise TooManyRequests(
+            f"gateway busy ({e.reason.replace('_', ' ')})", code=e.reason, retry_after_s=1.0
+        ) from None
     queued_s = time.perf_counter() - waited_from
     metrics.queue_wait.observe(queued_s)
     handed_off = False
@@ -438,9 +429,12 @@ def _degrade(state: GatewayState, preq: ProxyRequest, parsed: dict[str, Any]) ->
     if decision.action is DegradeAction.SHED:
         state.metrics.shed.labels("saturated").inc()
         err_type = TooManyRequests if config.degrade.shed_status == 429 else Unavailable
-        raise err_type("every upstream is saturated; retry later", code="overloaded",
-                       retry_after_s=config.degrade.retry_after_s,
-                       headers=preq.extra_headers)  # fmt: skip
+        raise err_type(
+            "every upstream is saturated; retry later",
+            code="overloaded",
+            retry_after_s=config.degrade.retry_after_s,
+            headers=preq.extra_headers,
+        )
     if decision.action is DegradeAction.CAP_MAX_TOKENS:
         capped = cap_max_tokens(parsed, config.degrade.max_tokens_cap)
         preq.body = json.dumps(capped).encode()

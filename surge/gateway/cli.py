@@ -8,14 +8,14 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from surge.config_cli import add_config_args, overrides_from_args
-from surge.event_loop import run as run_event_loop
+from surge.config.flags import add_config_args, overrides_from_args
 from surge.gateway.config import DegradeAction, GatewayConfig, Policy
 from surge.gateway.config_file import config_from_mapping, read_mapping
 from surge.gateway.launch import serve
+from surge.http.event_loop import run as run_event_loop
 from surge.observability.tracing import endpoint_from_env, protocol_from_env
 
-# The flags of GatewayConfig's fields (their metadata, surge/config_cli.py) default to None,
+# The flags of GatewayConfig's fields (their metadata, surge/config/flags.py) default to None,
 # meaning "not given": then the config file's value, else the dataclass default, holds.
 GATEWAY_GROUP = "gateway"
 
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="INFO")
     add_config_args(p, GatewayConfig, GATEWAY_GROUP, unset=True)
-    return p  # fmt: skip
+    return p
 
 
 def parse_upstream(spec: str) -> dict[str, Any]:

@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import urlsplit
 
-from surge.config_cli import flag, group
-from surge.deadline import TIMEOUT_HEADER
-from surge.discovery import DnsTarget
+from surge.batch.config import BatchConfig
+from surge.config.flags import flag, group
+from surge.gateway.epp.config import EppConfig
+from surge.http.deadline import TIMEOUT_HEADER
+from surge.http.discovery import DnsTarget
 from surge.observability.tracing import TracingConfig
 
 
@@ -139,10 +141,15 @@ class RetryConfig:
     )
     # A plain text stream whose upstream breaks mid-answer goes on, once, on another upstream
     # from where it stopped (gateway/resume.py); off: it ends with an error event.
-    resume_streams: bool = field(default=True, metadata=flag(
-        "end a stream whose upstream breaks mid-answer with an error event, instead of "
-        "continuing its text on another upstream", name="no-stream-resume",
-        negate=True))  # fmt: skip
+    resume_streams: bool = field(
+        default=True,
+        metadata=flag(
+            "end a stream whose upstream breaks mid-answer with an error event, instead of "
+            "continuing its text on another upstream",
+            name="no-stream-resume",
+            negate=True,
+        ),
+    )
 
     def __post_init__(self) -> None:
         _at_least("max_attempts", self.max_attempts, 1)
@@ -328,8 +335,19 @@ class GatewayConfig:
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig, metadata=group("timeouts"))
     health: HealthConfig = field(default_factory=HealthConfig, metadata=group("health checks"))
     limits: LimitConfig = field(default_factory=LimitConfig, metadata=group("limits"))
-    degrade: DegradeConfig = field(default_factory=DegradeConfig, metadata=group(
-        "degradation (when every upstream is saturated)"))  # fmt: skip
+    degrade: DegradeConfig = field(
+        default_factory=DegradeConfig,
+        metadata=group("degradation (when every upstream is saturated)"),
+    )
+    # Envoy's external processor (GIE's endpoint picker) over the same pool and policies
+    epp: EppConfig = field(
+        default_factory=EppConfig,
+        metadata=group("endpoint picker (Envoy ext_proc, Gateway API Inference Extension)"),
+    )
+    batch: BatchConfig = field(
+        default_factory=BatchConfig,
+        metadata=group("Batch API (/v1/files, /v1/batches, sent to the least loaded upstreams)"),
+    )
     # OpenTelemetry spans over OTLP; None: off
     otlp_traces_endpoint: str | None = field(
         default=None,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from surge.batch.config import BatchConfig
 from surge.gateway.config import (
     BreakerConfig,
     DegradeConfig,
@@ -24,6 +25,7 @@ from surge.gateway.config import (
     TimeoutConfig,
     UpstreamConfig,
 )
+from surge.gateway.epp.config import EppConfig
 
 SECTIONS: dict[str, type] = {
     "prefix": PrefixConfig,
@@ -33,6 +35,8 @@ SECTIONS: dict[str, type] = {
     "health": HealthConfig,
     "limits": LimitConfig,
     "degrade": DegradeConfig,
+    "epp": EppConfig,
+    "batch": BatchConfig,
 }
 UPSTREAM_LISTS = ("upstreams", "fallback_upstreams")
 

@@ -8,8 +8,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from surge.discovery import DnsTarget, resolve
 from surge.gateway.upstreams import UpstreamPool
+from surge.http.discovery import DnsTarget, resolve
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from surge.openai_errors import OpenAIError, install_openai_error_handlers, status_error
+from surge.http.openai_errors import OpenAIError, install_openai_error_handlers, status_error
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -63,8 +63,9 @@ class GatewayTimeout(GatewayError):
 def _from_http_exception(request: Request, exc: StarletteHTTPException) -> OpenAIError:
     if exc.status_code == 404:
         return NotFound(f"Not found: {request.url.path}")
-    return status_error(exc.status_code, str(exc.detail), code="http_error",
-                        headers=exc.headers or {})  # fmt: skip
+    return status_error(
+        exc.status_code, str(exc.detail), code="http_error", headers=exc.headers or {}
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

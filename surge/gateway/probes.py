@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 if TYPE_CHECKING:
-    from surge.gateway.app import GatewayState
+    from surge.gateway.state import GatewayState
 
 
 def readiness(state: GatewayState, now_s: float) -> tuple[bool, dict[str, Any]]:

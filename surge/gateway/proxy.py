@@ -47,37 +47,19 @@ from surge.gateway.errors import (
     TooManyRequests,
     Unavailable,
 )
+from surge.gateway.hop_headers import UPSTREAM_HEADER, response_headers
 from surge.gateway.metrics import GatewayMetrics
 from surge.gateway.response_owners import ResponseOwners
 from surge.gateway.resume import StreamResume
 from surge.gateway.retry import RetryBudget, backoff_s, parse_retry_after, retry_after_header
 from surge.gateway.streaming import RelayStream
 from surge.gateway.upstreams import PRIMARY, RouteKey, Upstream, UpstreamPool
-from surge.headers import RESPONSE_ID_HEADER
-from surge.observability.tracing import TRACE_HEADERS, Tracing, inject
+from surge.http.headers import RESPONSE_ID_HEADER
+from surge.observability.tracing import Tracing, inject
 
 log = logging.getLogger(__name__)
 
-UPSTREAM_HEADER = "x-surge-upstream"
-# Hop-by-hop headers (RFC 9110 §7.6.1) and those httpx/uvicorn set themselves.
-_DROP_REQUEST = frozenset({
-    "host", "connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
-    "upgrade", "content-length", "accept-encoding",
-})  # fmt: skip
-_DROP_RESPONSE = frozenset({
-    "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
-    "date", "server",
-})  # fmt: skip
-_TRACE = frozenset(TRACE_HEADERS)
 MAX_THROTTLE_S = 60.0  # never park an upstream longer than this on its own Retry-After
-
-
-def forward_headers(headers: Mapping[str, str], tracing: bool = False) -> dict[str, str]:
-    """The client's headers for the upstream (authorization, x-surge-tenant, x-surge-priority
-    and the rest), minus hop-by-hop ones. Tracing, each attempt sends its own `traceparent`
-    instead of the client's; otherwise the client's passes through untouched."""
-    drop = _DROP_REQUEST | _TRACE if tracing else _DROP_REQUEST
-    return {k: v for k, v in headers.items() if k.lower() not in drop}
 
 
 @dataclass(slots=True)
@@ -130,10 +112,13 @@ class Lease:
             up.breaker.record(self._permit, ok, now_s)
             up.health.on_traffic(ok, now_s)
             if was != (up.breaker.state(now_s), up.health.healthy):
-                log.warning("upstream %s: breaker %s, %s (after %s)", up.url,
-                            up.breaker.state(now_s).name.lower(),
-                            "healthy" if up.health.healthy else "out of rotation (outlier)",
-                            kind or outcome.value)  # fmt: skip
+                log.warning(
+                    "upstream %s: breaker %s, %s (after %s)",
+                    up.url,
+                    up.breaker.state(now_s).name.lower(),
+                    "healthy" if up.health.healthy else "out of rotation (outlier)",
+                    kind or outcome.value,
+                )
         else:
             up.breaker.cancel(self._permit)
         if kind:
@@ -327,9 +312,17 @@ class Proxy:
             if req.resume is not None and self.config.retry.resume_streams:
                 resumer = functools.partial(self._resume, req, up.url, deadline_s)
             stream = RelayStream(
-                resp, chunks, first_chunk, lease, idle_s=timeouts.idle_s, deadline_s=deadline_s,
-                clock=self.clock, headers=headers, tracker=req.resume, resumer=resumer,
-            )  # fmt: skip
+                resp,
+                chunks,
+                first_chunk,
+                lease,
+                idle_s=timeouts.idle_s,
+                deadline_s=deadline_s,
+                clock=self.clock,
+                headers=headers,
+                tracker=req.resume,
+                resumer=resumer,
+            )
             self._observe_overhead(req, first, sent_s, ready_s)
             return stream
         response = Response(body, status_code=resp.status_code, headers=headers)
@@ -349,8 +342,12 @@ class Proxy:
         retry_after_s = parse_retry_after(resp.headers.get("retry-after"))
         if outcome is Outcome.REFUSED and retry_after_s is not None:
             up.throttled_until_s = self.clock() + min(retry_after_s, MAX_THROTTLE_S)
-        return _Attempt(outcome, response=response, kind=kind or f"http_{resp.status_code}",
-                        retry_after_s=retry_after_s)  # fmt: skip
+        return _Attempt(
+            outcome,
+            response=response,
+            kind=kind or f"http_{resp.status_code}",
+            retry_after_s=retry_after_s,
+        )
 
     async def _resume(
         self, req: ProxyRequest, broken: str, deadline_s: float, tracker: StreamResume
@@ -390,8 +387,12 @@ class Proxy:
             body["model"] = req.model
         headers = {k: v for k, v in req.headers.items() if k.lower() == "authorization"}
         try:
-            answer = await self.client.post(up.url + "/tokenize", json=body, headers=headers,
-                                            timeout=self.config.health.timeout_s)  # fmt: skip
+            answer = await self.client.post(
+                up.url + "/tokenize",
+                json=body,
+                headers=headers,
+                timeout=self.config.health.timeout_s,
+            )
             return int(answer.json()["count"]) if answer.status_code == 200 else None
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return None
@@ -416,7 +417,7 @@ class Proxy:
     def _response_headers(
         self, resp: httpx.Response, up: Upstream, req: ProxyRequest
     ) -> dict[str, str]:
-        headers = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE}
+        headers = response_headers(resp.headers)
         headers[UPSTREAM_HEADER] = up.url
         headers.update(req.extra_headers)
         return headers

@@ -25,10 +25,20 @@ COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 _OPENING = {"role": "assistant", "content": ""}  # a chat stream's first delta
 # Request fields whose continuation the gateway cannot carry on.
 _NOT_RESUMABLE = (
-    "logprobs", "top_logprobs", "prompt_logprobs", "tools", "functions", "structured_outputs",
-    "guided_json", "guided_regex", "guided_choice", "guided_grammar", "continue_final_message",
-    "use_beam_search", "best_of",
-)  # fmt: skip
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "tools",
+    "functions",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "continue_final_message",
+    "use_beam_search",
+    "best_of",
+)
 
 
 @dataclass
@@ -55,8 +65,11 @@ class StreamResume:
         elif path == CHAT:
             fmt = body.get("response_format")  # the client's JSON: any shape until validated
             plain = fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text")
-            ok = (isinstance(body.get("messages"), list) and plain
-                  and body.get("add_generation_prompt", True) is True)  # fmt: skip
+            ok = (
+                isinstance(body.get("messages"), list)
+                and plain
+                and body.get("add_generation_prompt", True) is True
+            )
         else:
             ok = False
         return cls(path, body) if ok else None
@@ -86,8 +99,11 @@ class StreamResume:
         """The request for the rest, once `sent_tokens` tokens were sent; None when the token
         limit is reached already."""
         body = dict(self.body)
-        limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else (
-            "max_tokens")  # fmt: skip
+        limit = (
+            "max_completion_tokens"
+            if body.get("max_completion_tokens") is not None
+            else ("max_tokens")
+        )
         if body.get(limit) is not None:
             left = int(body[limit]) - sent_tokens
             if left <= 0:
@@ -131,14 +147,23 @@ class StreamResume:
     def final_events(self) -> bytes:
         """The end of a stream whose limit was reached exactly when it broke."""
         if self.path == COMPLETIONS:
-            choice: dict[str, Any] = {"index": 0, "text": "", "logprobs": None,
-                                      "finish_reason": "length"}  # fmt: skip
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": "",
+                "logprobs": None,
+                "finish_reason": "length",
+            }
             kind = "text_completion"
         else:
             choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
             kind = "chat.completion.chunk"
-        chunk = {"id": self.id, "object": kind, "created": self.created,
-                 "model": self.body.get("model"), "choices": [choice]}  # fmt: skip
+        chunk = {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.body.get("model"),
+            "choices": [choice],
+        }
         return b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
 
 

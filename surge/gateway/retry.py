@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from surge.gateway.config import RetryConfig
-from surge.openai_errors import retry_after_header as retry_after_header  # re-exported
+from surge.http.openai_errors import retry_after_header as retry_after_header  # re-exported
 
 
 class RetryBudget:

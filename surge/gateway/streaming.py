@@ -27,8 +27,13 @@ Resumer = Callable[[StreamResume], Awaitable["RelayStream | bytes | None"]]
 
 # A stream ends whole with one of these: chat and completions with [DONE]; the Responses API,
 # which sends no [DONE], with its response's last event (or an error event).
-LAST_EVENTS = (b"data: [DONE]", b"event: response.completed", b"event: response.incomplete",
-               b"event: response.failed", b"event: error")  # fmt: skip
+LAST_EVENTS = (
+    b"data: [DONE]",
+    b"event: response.completed",
+    b"event: response.incomplete",
+    b"event: response.failed",
+    b"event: error",
+)
 
 
 def ends_stream(events: bytes) -> bool:

@@ -31,8 +31,11 @@ def read_pooling(folder: Path, max_positions: int) -> PoolingSpec:
     pooling_file = folder / "1_Pooling" / "config.json"
     if pooling_file.is_file():
         cfg = json.loads(pooling_file.read_text())
-        keys = (("cls", "pooling_mode_cls_token"), ("mean", "pooling_mode_mean_tokens"),
-                ("max", "pooling_mode_max_tokens"))  # fmt: skip
+        keys = (
+            ("cls", "pooling_mode_cls_token"),
+            ("mean", "pooling_mode_mean_tokens"),
+            ("max", "pooling_mode_max_tokens"),
+        )
         modes = [m for m, key in keys if cfg.get(key)]
         if len(modes) != 1:
             raise ValueError(f"{pooling_file}: exactly one of cls/mean/max pooling is supported")

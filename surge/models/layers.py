@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from surge.models.spec import RopeScaling
+from surge.models.formats.spec import RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -148,8 +148,9 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(t, inv_freq)  # [max_position, rotary_dim // 2]
         if scaling is not None and scaling.kind == "longrope":
             original = scaling.original_max_position_embeddings or max_position
-            long_inv, _ = _longrope_inv_freq(rotary_dim, theta, scaling.long_factor, scaling,
-                                             original)  # fmt: skip
+            long_inv, _ = _longrope_inv_freq(
+                rotary_dim, theta, scaling.long_factor, scaling, original
+            )
             far = (t >= original).unsqueeze(1)
             freqs = torch.where(far, torch.outer(t, long_inv), freqs)
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, rotary_dim]

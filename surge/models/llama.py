@@ -15,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from surge.models.attention import AttnMetadata, paged_attention
+from surge.models.formats.spec import ModelSpec
 from surge.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from surge.models.quant import Int8Embedding, Int8Linear
-from surge.models.spec import ModelSpec
 
 
 class Attention(nn.Module):

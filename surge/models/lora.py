@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from surge.models.spec import ModelSpec
+from surge.models.formats.spec import ModelSpec
 
 # PEFT module name -> (its block in a decoder layer, the fused projection here, the part's
 # index in it); parts in order.
@@ -282,9 +282,15 @@ class LoRAModel:
                 in_f = module_shape(spec, modules[0])[0]
                 parts = tuple(module_shape(spec, m)[1] for m in modules)
                 wrapped = LoRALinear(
-                    getattr(owner, name), in_f, parts, max_loras, max_rank, self.batch, dtype,
+                    getattr(owner, name),
+                    in_f,
+                    parts,
+                    max_loras,
+                    max_rank,
+                    self.batch,
+                    dtype,
                     device,
-                )  # fmt: skip
+                )
                 setattr(owner, name, wrapped)
                 self.layers[(i, name)] = wrapped
 

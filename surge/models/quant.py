@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from surge.models.device import cpu_flags
-from surge.models.kernels import load_int8_linear, load_w8a8_linear
-from surge.models.spec import ModelSpec
+from surge.models.formats.spec import ModelSpec
+from surge.models.kernels import load_w8a8_linear
 
 QUANTIZATIONS = ("none", "int8", "int8-weight-only", "w8a8", "q4")
 INT8_MODES = ("int8", "int8-weight-only", "w8a8")
@@ -244,32 +244,6 @@ class Int8Embedding(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:  # [num_tokens] -> [num_tokens, hidden]
         rows = self.head.rows(ids).to(torch.float32)
         return (rows * self.head.scale.index_select(0, ids)[:, None]).to(self.dtype)
-
-
-def quantize_model(model: nn.Module, mode: str, dtype: torch.dtype, use_kernels: bool) -> None:
-    """Replace every nn.Linear and the token embedding of `model` with quantized versions, in
-    place ("q4": 4-bit layers, int8 embedding and LM head).
-
-    Norm weights and the rotary tables stay in their float dtypes (a few KB per layer).
-    """
-    if mode not in QUANTIZATIONS[1:]:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {mode!r}")
-    from surge.models.kernels import load_q4_linear
-    from surge.models.q4 import K_MULTIPLE, Q4Linear
-
-    device = next(model.parameters()).device
-    kernels = use_kernels and device.type == "cpu" and load_int8_linear() is not None
-    q4_kernels = kernels and load_q4_linear() is not None
-    int8_mode = "int8" if mode == "q4" else mode
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                if mode == "q4" and name != "lm_head" and child.in_features % K_MULTIPLE == 0:
-                    setattr(parent, name, Q4Linear.from_float(child, q4_kernels))
-                else:
-                    setattr(parent, name, Int8Linear.from_float(child, int8_mode, kernels))
-            elif isinstance(child, nn.Embedding):
-                setattr(parent, name, Int8Embedding.from_float(child, dtype, int8_mode, kernels))
 
 
 def weight_bytes(model: nn.Module) -> int:

@@ -31,41 +31,51 @@ class AutoscalerMetrics:
             "surge_autoscaler_replicas", "Replicas by state.", ["state"], registry=reg
         )
         self.desired = Gauge(
-            "surge_autoscaler_desired_replicas", "Replicas decided on, after stabilization.",
+            "surge_autoscaler_desired_replicas",
+            "Replicas decided on, after stabilization.",
             registry=reg,
-        )  # fmt: skip
+        )
         self.wanted = Gauge(
-            "surge_autoscaler_signal_replicas", "Replicas each signal asks for.", ["signal"],
+            "surge_autoscaler_signal_replicas",
+            "Replicas each signal asks for.",
+            ["signal"],
             registry=reg,
-        )  # fmt: skip
+        )
         self.forecast = Gauge(
-            "surge_autoscaler_forecast_rps", "Forecast arrivals per second at the horizon.",
+            "surge_autoscaler_forecast_rps",
+            "Forecast arrivals per second at the horizon.",
             registry=reg,
-        )  # fmt: skip
+        )
         self.forecaster_rps = Gauge(
             "surge_autoscaler_forecaster_rps",
             "Each forecaster's arrivals per second at the horizon (the chosen one and shadows).",
-            ["forecaster"], registry=reg,
-        )  # fmt: skip
+            ["forecaster"],
+            registry=reg,
+        )
         self.forecaster_error = Gauge(
             "surge_autoscaler_forecaster_abs_error_rps",
             "Each forecaster's mean absolute error over its last 30 checked predictions.",
-            ["forecaster"], registry=reg,
-        )  # fmt: skip
-        self.events = Counter(
-            "surge_autoscaler_scale_events", "Scale decisions, by direction.", ["direction"],
+            ["forecaster"],
             registry=reg,
-        )  # fmt: skip
+        )
+        self.events = Counter(
+            "surge_autoscaler_scale_events",
+            "Scale decisions, by direction.",
+            ["direction"],
+            registry=reg,
+        )
 
         self.limits = Gauge(
-            "surge_autoscaler_replicas_limit", "The configured replica bounds (min, max).",
-            ["bound"], registry=reg,
-        )  # fmt: skip
+            "surge_autoscaler_replicas_limit",
+            "The configured replica bounds (min, max).",
+            ["bound"],
+            registry=reg,
+        )
         self.history_points = Gauge(
             "surge_autoscaler_forecast_history_points",
             "Past arrival-rate points loaded from Prometheus into the forecasters at start.",
             registry=reg,
-        )  # fmt: skip
+        )
 
     def set_history_points(self, points: int) -> None:
         self.history_points.set(points)

@@ -185,22 +185,34 @@ def diagnose(samples: list[Sample], config: DiagnosisConfig) -> Verdict:
             return Verdict("idle", "no work in the window", e)
         return Verdict("healthy", f"window of {e.span_s:.1f}s too short to judge", e)
     if e.rejected > 0 and e.rejected_share >= c.rejected_share:
-        return Verdict("admission", f"{e.rejected} of {e.received} requests refused "
-                       f"({e.rejected_share:.0%}) at the door", e)  # fmt: skip
+        return Verdict(
+            "admission",
+            f"{e.rejected} of {e.received} requests refused ({e.rejected_share:.0%}) at the door",
+            e,
+        )
     blocked_share = e.blocked_on_kv / e.steps if e.steps else 0.0
     queued = e.waiting_mean >= c.waiting_min
     if e.preemptions > 0 or (e.blocked_on_kv > 0 and blocked_share >= c.kv_blocked_share):
-        return Verdict("kv_memory", f"{e.preemptions} preemptions, admissions blocked on KV "
-                       f"blocks in {blocked_share:.0%} of steps, KV usage up to "
-                       f"{e.kv_usage_max:.0%}", e)  # fmt: skip
+        return Verdict(
+            "kv_memory",
+            f"{e.preemptions} preemptions, admissions blocked on KV "
+            f"blocks in {blocked_share:.0%} of steps, KV usage up to "
+            f"{e.kv_usage_max:.0%}",
+            e,
+        )
     if queued and e.kv_usage_mean >= c.kv_full_ratio:
-        return Verdict("kv_memory", f"KV usage {e.kv_usage_mean:.0%} with "
-                       f"{e.waiting_mean:.1f} waiting", e)  # fmt: skip
+        return Verdict(
+            "kv_memory", f"KV usage {e.kv_usage_mean:.0%} with {e.waiting_mean:.1f} waiting", e
+        )
     api = e.api_cpu_percent
     api_hot = api is not None and api >= c.api_cpu_percent
     if api_hot and e.engine_busy <= c.api_engine_busy_max and e.received > 0:
-        return Verdict("api_process", f"HTTP process at {api:.0f}% CPU while the engine "
-                       f"is busy {e.engine_busy:.0%} of the time", e)  # fmt: skip
+        return Verdict(
+            "api_process",
+            f"HTTP process at {api:.0f}% CPU while the engine "
+            f"is busy {e.engine_busy:.0%} of the time",
+            e,
+        )
     gpu = e.gpu_utilization_percent
     busy = e.engine_busy >= c.busy_ratio or (gpu is not None and gpu >= c.gpu_busy_percent)
     full = e.budget_fill >= c.full_step_ratio or e.seq_fill >= c.full_step_ratio
@@ -211,13 +223,21 @@ def diagnose(samples: list[Sample], config: DiagnosisConfig) -> Verdict:
         and e.prefill_share >= c.prefill_share
         and e.budget_fill >= c.full_step_ratio
     ):
-        return Verdict("prefill", f"{e.prefill_share:.0%} of step tokens are prefill chunks, "
-                       f"steps {e.budget_fill:.0%} of the budget, {e.waiting_mean:.1f} "
-                       "waiting for a first token", e)  # fmt: skip
+        return Verdict(
+            "prefill",
+            f"{e.prefill_share:.0%} of step tokens are prefill chunks, "
+            f"steps {e.budget_fill:.0%} of the budget, {e.waiting_mean:.1f} "
+            "waiting for a first token",
+            e,
+        )
     if busy and queueing and full:
-        return Verdict("compute", f"engine busy {e.engine_busy:.0%}, steps "
-                       f"{max(e.budget_fill, e.seq_fill):.0%} full, {e.waiting_mean:.1f} "
-                       "waiting", e)  # fmt: skip
+        return Verdict(
+            "compute",
+            f"engine busy {e.engine_busy:.0%}, steps "
+            f"{max(e.budget_fill, e.seq_fill):.0%} full, {e.waiting_mean:.1f} "
+            "waiting",
+            e,
+        )
     if quiet:
         return Verdict("idle", "no work in the window", e)
     return Verdict("healthy", "no limit reached", e)

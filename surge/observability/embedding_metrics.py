@@ -27,17 +27,26 @@ class EmbeddingMetrics:
             "surge:embedding_prompt_tokens", "Tokens of embedded inputs.", m, registry=reg
         )
         self.batch_size = Histogram(
-            "surge:embedding_batch_size", "Inputs per model batch.", m,
-            buckets=BATCH_SIZE_BUCKETS, registry=reg,
-        )  # fmt: skip
+            "surge:embedding_batch_size",
+            "Inputs per model batch.",
+            m,
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=reg,
+        )
         self.queue_time = Histogram(
-            "surge:embedding_queue_time_seconds", "Time an input waited for its batch.", m,
-            buckets=QUEUE_TIME_BUCKETS, registry=reg,
-        )  # fmt: skip
+            "surge:embedding_queue_time_seconds",
+            "Time an input waited for its batch.",
+            m,
+            buckets=QUEUE_TIME_BUCKETS,
+            registry=reg,
+        )
         self.batch_time = Histogram(
-            "surge:embedding_batch_duration_seconds", "Model time of one batch.", m,
-            buckets=QUEUE_TIME_BUCKETS, registry=reg,
-        )  # fmt: skip
+            "surge:embedding_batch_duration_seconds",
+            "Model time of one batch.",
+            m,
+            buckets=QUEUE_TIME_BUCKETS,
+            registry=reg,
+        )
         self.queue_depth = Gauge(
             "surge:embedding_queue_depth", "Inputs waiting for a batch.", m, registry=reg
         )

@@ -14,36 +14,23 @@ from prometheus_client import (
     generate_latest,
 )
 
-from surge.engine.outputs import EngineStats
+from surge.engine.client.outputs import EngineStats
 
 # Bucket edges copied from vLLM so quantiles compare across the two servers.
 OVERHEAD_BUCKETS: tuple[float, ...] = (
-    0.0002,
-    0.0005,
-    0.001,
-    0.002,
-    0.003,
-    0.004,
-    0.005,
-    0.0075,
-    0.01,
-    0.02,
-    0.05,
-    0.1,
-    0.5,
-    1.0,
-)
+    0.0002, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0,
+)  # fmt: skip
 TTFT_BUCKETS: tuple[float, ...] = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
 ITL_BUCKETS: tuple[float, ...] = (
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
 )  # fmt: skip
 LATENCY_BUCKETS: tuple[float, ...] = (
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-    40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 ITERATION_TOKEN_BUCKETS: tuple[float, ...] = (
     1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
@@ -156,13 +143,17 @@ class ServerMetrics:
         )
         # The Responses API's stored responses, and those running in the background.
         self.responses_stored = Gauge(
-            "surge:responses_stored", "Responses API responses kept for later turns.", m,
+            "surge:responses_stored",
+            "Responses API responses kept for later turns.",
+            m,
             registry=reg,
-        )  # fmt: skip
+        )
         self.responses_background = Gauge(
-            "surge:responses_background", "Background responses not finished yet.", m,
+            "surge:responses_background",
+            "Background responses not finished yet.",
+            m,
             registry=reg,
-        )  # fmt: skip
+        )
 
         # Per finished request.
         self.request_success = Counter(
@@ -334,9 +325,10 @@ class ServerMetrics:
             if stats.max_loras:
                 self.lora_requests_info.clear()  # only the current sets read
                 self.lora_requests_info.labels(
-                    ",".join(stats.lora_running), ",".join(stats.lora_waiting),
+                    ",".join(stats.lora_running),
+                    ",".join(stats.lora_waiting),
                     str(stats.max_loras),
-                ).set_to_current_time()  # fmt: skip
+                ).set_to_current_time()
             for tenant, value in stats.tenant_tokens.items():
                 last = self._last_tenant_tokens.get(tenant, 0)
                 delta = value - last if value >= last else value

@@ -180,16 +180,31 @@ def _families() -> list[GaugeMetricFamily]:
 
     proc, gpu = ["process"], ["gpu"]
     return [
-        gauge("surge:process_resident_memory_bytes",
-              "Resident memory by process (api, engine) in bytes.", proc),
-        gauge("surge:process_cpu_percent",
-              "CPU use by process since the previous scrape (100 = one core).", proc),
+        gauge(
+            "surge:process_resident_memory_bytes",
+            "Resident memory by process (api, engine) in bytes.",
+            proc,
+        ),
+        gauge(
+            "surge:process_cpu_percent",
+            "CPU use by process since the previous scrape (100 = one core).",
+            proc,
+        ),
         gauge("surge:system_memory_used_ratio", "Host memory in use, 0..1.", []),
-        gauge("surge:system_cpu_percent",
-              "Host CPU use over all cores since the previous scrape, 0..100.", []),
-        gauge("surge:gpu_memory_used_bytes",
-              "GPU memory in use (NVML: by anyone; else torch's allocation here).", gpu),
+        gauge(
+            "surge:system_cpu_percent",
+            "Host CPU use over all cores since the previous scrape, 0..100.",
+            [],
+        ),
+        gauge(
+            "surge:gpu_memory_used_bytes",
+            "GPU memory in use (NVML: by anyone; else torch's allocation here).",
+            gpu,
+        ),
         gauge("surge:gpu_memory_total_bytes", "GPU memory in all (NVML).", gpu),
-        gauge("surge:gpu_utilization_percent",
-              "Time a kernel ran over the last sample period, 0..100 (NVML).", gpu),
-    ]  # fmt: skip
+        gauge(
+            "surge:gpu_utilization_percent",
+            "Time a kernel ran over the last sample period, 0..100 (NVML).",
+            gpu,
+        ),
+    ]

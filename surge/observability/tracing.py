@@ -27,7 +27,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from surge.config_cli import flag
+from surge.config.flags import flag
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +57,28 @@ def protocol_from_env() -> str:
 class TracingConfig:
     # The collector: over HTTP a base URL gets OTLP's /v1/traces appended; over gRPC it is the
     # server's address (http:// without TLS, https:// with). None: tracing off.
-    otlp_endpoint: str | None = field(default=None, metadata=flag(
-        "send OpenTelemetry spans over OTLP to this collector, e.g. "
-        "http://127.0.0.1:4318 (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else off)",
-        name="otlp-traces-endpoint", default=endpoint_from_env))  # fmt: skip
+    otlp_endpoint: str | None = field(
+        default=None,
+        metadata=flag(
+            "send OpenTelemetry spans over OTLP to this collector, e.g. "
+            "http://127.0.0.1:4318 (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else off)",
+            name="otlp-traces-endpoint",
+            default=endpoint_from_env,
+        ),
+    )
     service_name: str = "surge"  # OTEL_SERVICE_NAME overrides it, as OpenTelemetry's SDKs do
     instance_id: str = ""  # service.instance.id: which replica (host:port) made the span
     # or "grpc" (collectors listen on 4318 and 4317)
-    otlp_protocol: str = field(default="http/protobuf", metadata=flag(
-        "http/protobuf (a collector's port 4318) or grpc (4317) "
-        "(default: $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else http/protobuf)",
-        name="otlp-traces-protocol", choices=PROTOCOLS, default=protocol_from_env))  # fmt: skip
+    otlp_protocol: str = field(
+        default="http/protobuf",
+        metadata=flag(
+            "http/protobuf (a collector's port 4318) or grpc (4317) "
+            "(default: $OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, else http/protobuf)",
+            name="otlp-traces-protocol",
+            choices=PROTOCOLS,
+            default=protocol_from_env,
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.otlp_protocol not in PROTOCOLS:
@@ -124,8 +135,12 @@ class Tracing:
         # batching from OTEL_BSP_* (a span leaves within 5 s by default).
         provider = TracerProvider(resource=Resource.create(attributes))
         provider.add_span_processor(BatchSpanProcessor(_exporter(config.otlp_protocol, url)))
-        log.info("tracing: OTLP (%s) spans to %s as %s", config.otlp_protocol, url,
-                 attributes["service.name"])  # fmt: skip
+        log.info(
+            "tracing: OTLP (%s) spans to %s as %s",
+            config.otlp_protocol,
+            url,
+            attributes["service.name"],
+        )
         return cls(provider.get_tracer("surge"), provider)
 
     @property

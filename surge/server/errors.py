@@ -14,12 +14,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from surge.openai_errors import (
+from surge.http.openai_errors import (
     OpenAIError,
     install_openai_error_handlers,
     status_error,
 )
-from surge.openai_errors import retry_after_header as retry_after_header  # re-exported
+from surge.http.openai_errors import retry_after_header as retry_after_header  # re-exported
 
 
 class SurgeHTTPError(OpenAIError):

@@ -10,8 +10,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from surge.engine.client import AsyncEngineClient
-from surge.engine.output_processor import RequestDelta, SequenceDelta
+from surge.engine.client.client import AsyncEngineClient
+from surge.engine.client.output_processor import RequestDelta, SequenceDelta
 from surge.sampling_params import SamplingParams
 
 
@@ -68,10 +68,16 @@ async def generate_merged(
     """All prompts' deltas in arrival order. Closing the iterator aborts every engine request."""
     if len(prompts) == 1:
         gen = client.generate(
-            req_id, prompts[0], params, priority=priority, tenant=tenant,
-            cache_salt=cache_salt, arrival_s=timing.arrival_s, on_queued=timing.on_queued,
+            req_id,
+            prompts[0],
+            params,
+            priority=priority,
+            tenant=tenant,
+            cache_salt=cache_salt,
+            arrival_s=timing.arrival_s,
+            on_queued=timing.on_queued,
             lora_name=lora_name,
-        )  # fmt: skip
+        )
         try:
             async for rd in gen:
                 timing.on_delta(rd, time.monotonic())
@@ -85,10 +91,16 @@ async def generate_merged(
     async def pump(i: int, prompt: list[int]) -> None:
         try:
             async for rd in client.generate(
-                f"{req_id}-{i}", prompt, params, priority=priority, tenant=tenant,
-                cache_salt=cache_salt, arrival_s=timing.arrival_s, on_queued=timing.on_queued,
+                f"{req_id}-{i}",
+                prompt,
+                params,
+                priority=priority,
+                tenant=tenant,
+                cache_salt=cache_salt,
+                arrival_s=timing.arrival_s,
+                on_queued=timing.on_queued,
                 lora_name=lora_name,
-            ):  # fmt: skip
+            ):
                 await queue.put(Event(i, rd))
             await queue.put(None)
         except Exception as e:  # surfaced to the consumer, which cancels the others

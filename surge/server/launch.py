@@ -15,19 +15,21 @@ from pathlib import Path
 
 import uvicorn
 
-from surge.draining_server import DrainingServer
-from surge.engine.client import AsyncEngineClient
+from surge.batch.service import BatchService
+from surge.engine.client.client import AsyncEngineClient
+from surge.engine.client.spawn import SpawnedEngine
 from surge.engine.config import EngineConfig
-from surge.engine.spawn import SpawnedEngine
-from surge.models.generation_config import sampling_defaults
-from surge.models.resolve import resolve_model
-from surge.models.weights import open_model
+from surge.http.draining_server import DrainingServer
+from surge.models.formats.generation_config import sampling_defaults
+from surge.models.formats.model_files import open_model
+from surge.models.formats.resolve import resolve_model
 from surge.observability.embedding_metrics import EmbeddingMetrics
 from surge.observability.metrics import ServerMetrics
 from surge.observability.resources import ResourceMonitor
 from surge.observability.tracing import Tracing
 from surge.sampling_params import SamplingParams
 from surge.server.app import build_app
+from surge.server.batch_api import open_batch_service
 from surge.server.config import ServerConfig
 from surge.server.embeddings import EmbeddingService
 from surge.server.monitor import LiveMonitor
@@ -37,9 +39,14 @@ from surge.server.state import ServerState
 log = logging.getLogger(__name__)
 
 
-async def _drain_on_signal(server: DrainingServer, state: ServerState) -> None:
+async def _drain_on_signal(
+    server: DrainingServer, state: ServerState, batch: BatchService | None
+) -> None:
     await server.drain_requested.wait()
     state.admission.start_draining()
+    state.batch_admission.start_draining()
+    if batch is not None:  # its lines in flight stop here and run again at the next start
+        await batch.stop()
     timeout = state.config.limits.drain_timeout_s
     log.info("draining: %d requests in flight, up to %.0fs", state.in_flight, timeout)
     deadline = time.monotonic() + timeout
@@ -74,9 +81,13 @@ def _load_embeddings(config: ServerConfig, metrics: ServerMetrics) -> EmbeddingS
     service.start()
     log.info(
         "embeddings: %s as %r (%s); batches of up to %d, preferred %s, max queue delay %.1f ms",
-        path, name, model.describe(), batcher.max_batch_size,
-        list(batcher.preferred_batch_sizes) or "none", batcher.max_queue_delay_s * 1e3,
-    )  # fmt: skip
+        path,
+        name,
+        model.describe(),
+        batcher.max_batch_size,
+        list(batcher.preferred_batch_sizes) or "none",
+        batcher.max_queue_delay_s * 1e3,
+    )
     return service
 
 
@@ -92,8 +103,11 @@ def _sampling_defaults(config: ServerConfig, model_path: Path) -> dict[str, floa
     except ValueError as e:
         raise SystemExit(f"generation config: {e}") from None
     if found:
-        log.info("defaults for the sampling fields a request leaves out (--generation-config "
-                 "vllm to ignore the model's): %s", found)  # fmt: skip
+        log.info(
+            "defaults for the sampling fields a request leaves out (--generation-config "
+            "vllm to ignore the model's): %s",
+            found,
+        )
     return {k: float(v) for k, v in found.items()}
 
 
@@ -112,8 +126,12 @@ async def serve(
     client = await AsyncEngineClient.connect(engine, tokenizer)
     log.info(
         "engine ready (pid %s): %s, %s on %s, context %d",
-        client.pid, path.name, client.info.dtype, client.info.device, client.max_model_len,
-    )  # fmt: skip
+        client.pid,
+        path.name,
+        client.info.dtype,
+        client.info.device,
+        client.max_model_len,
+    )
     if server_config.api_niceness:
         # After the engine's start, so that it keeps the priority it was started with. (On
         # Linux this is the calling thread's: the event loop's, and threads it starts later.)
@@ -134,12 +152,15 @@ async def serve(
     )
     if state.tool_parser is not None:
         log.info(
-            'tool_choice "auto": %s tool calls, %s', state.tool_parser.name,
-            "as the chat template renders tools" if state.template_renders_tools
+            'tool_choice "auto": %s tool calls, %s',
+            state.tool_parser.name,
+            "as the chat template renders tools"
+            if state.template_renders_tools
             else "taught in the system message (the chat template renders no tools)",
-        )  # fmt: skip
+        )
     app = build_app(state)
     app.state.monitor = monitor = LiveMonitor(client, metrics, pids, resources.gpus)
+    batch = open_batch_service(state, app)  # /v1/files, /v1/batches (surge/batch)
     uv_config = uvicorn.Config(
         app,
         host=server_config.host,
@@ -151,18 +172,24 @@ async def serve(
     )
     server = DrainingServer(uv_config)
     tasks = [
-        asyncio.create_task(_drain_on_signal(server, state)),
+        asyncio.create_task(_drain_on_signal(server, state, batch)),
         asyncio.create_task(_exit_on_engine_death(server, state)),
         asyncio.create_task(monitor.run()),  # the bottleneck, /dashboard's figures
     ]
-    log.info("serving %s on http://%s:%d", server_config.served_model_name,
-             server_config.host, server_config.port)  # fmt: skip
+    log.info(
+        "serving %s on http://%s:%d",
+        server_config.served_model_name,
+        server_config.host,
+        server_config.port,
+    )
     try:
         await server.serve()
     finally:
         for t in tasks:
             t.cancel()
         engine_dead = client.dead_reason is not None
+        if batch is not None:
+            await batch.close()
         if embeddings is not None:
             await embeddings.close()
         await client.shutdown()

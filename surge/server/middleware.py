@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import hmac
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from surge.http.unicode_check import body_has_lone_surrogate
 from surge.server.errors import (
     AuthenticationError,
     BadRequestError,
@@ -18,7 +19,6 @@ from surge.server.errors import (
     SurgeHTTPError,
     error_response,
 )
-from surge.unicode_check import body_has_lone_surrogate
 
 DEFAULT_EXEMPT_PATHS = frozenset(
     {"/health", "/health/live", "/health/ready", "/health/startup", "/metrics", "/version"}
@@ -47,8 +47,9 @@ def _unicode_refusal(body: bytes) -> SurgeHTTPError | None:
         return None
     return BadRequestError(
         "the request body holds a lone UTF-16 surrogate escape (such as \\ud800) in a "
-        "string: not a character; send text as valid Unicode", code="invalid_unicode",
-    )  # fmt: skip
+        "string: not a character; send text as valid Unicode",
+        code="invalid_unicode",
+    )
 
 
 class BodySizeLimitMiddleware:
@@ -56,22 +57,29 @@ class BodySizeLimitMiddleware:
     streamed chunks (chunked uploads, or a Content-Length that lies). And 400 for a JSON body
     with a lone UTF-16 surrogate in a string, before any route reads it."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, path_limits: Mapping[str, int] | None = None
+    ) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
         self.app = app
         self.max_bytes = max_bytes
+        # Paths with a limit of their own (file uploads): their routes check what they read, so
+        # the body is neither held for the JSON check nor refused at the default limit.
+        self.path_limits = dict(path_limits or {})
 
-    def _error(self) -> PayloadTooLargeError:
-        return PayloadTooLargeError(f"request body is larger than {self.max_bytes} bytes")
+    def _error(self, max_bytes: int) -> PayloadTooLargeError:
+        return PayloadTooLargeError(f"request body is larger than {max_bytes} bytes")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.path_limits.get(scope["path"], self.max_bytes)
+        json_body = scope["path"] not in self.path_limits
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.strip().isdigit() and int(declared) > self.max_bytes:
-            await _send_error(self._error(), scope, receive, send)
+        if declared is not None and declared.strip().isdigit() and int(declared) > max_bytes:
+            await _send_error(self._error(max_bytes), scope, receive, send)
             return
 
         received = 0
@@ -88,11 +96,12 @@ class BodySizeLimitMiddleware:
             if message["type"] == "http.request":
                 chunk = message.get("body", b"")
                 received += len(chunk)
-                if received > self.max_bytes:
+                if received > max_bytes:
                     exceeded = True
                     raise _BodyTooLarge
-                chunks.append(chunk)
-                if not message.get("more_body", False):
+                if json_body:
+                    chunks.append(chunk)
+                if json_body and not message.get("more_body", False):
                     refused = _unicode_refusal(b"".join(chunks))
                     chunks.clear()
                     if refused is not None:
@@ -117,7 +126,7 @@ class BodySizeLimitMiddleware:
             if not exceeded or response_started:
                 raise
         if exceeded and not response_started:
-            await _send_error(refused or self._error(), scope, receive, send)
+            await _send_error(refused or self._error(max_bytes), scope, receive, send)
 
 
 class ApiKeyMiddleware:

@@ -16,8 +16,8 @@ import psutil
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from surge.engine.client import AsyncEngineClient
-from surge.engine.outputs import EngineStats
+from surge.engine.client.client import AsyncEngineClient
+from surge.engine.client.outputs import EngineStats
 from surge.observability.diagnosis import KINDS, Diagnoser, DiagnosisConfig, Sample
 from surge.observability.metrics import ServerMetrics
 from surge.observability.resources import GpuSample
@@ -148,8 +148,14 @@ class LiveMonitor:
         if self.diagnoser.update(sample, now_s):
             v = self.diagnoser.current
             figures = ", ".join(f"{k}={x:.3g}" for k, x in v.evidence.figures().items())
-            log.info("bottleneck %s -> %s: %s; suggested: %s [%s]", before.kind, v.kind,
-                     v.reason, v.action, figures)  # fmt: skip
+            log.info(
+                "bottleneck %s -> %s: %s; suggested: %s [%s]",
+                before.kind,
+                v.kind,
+                v.reason,
+                v.action,
+                figures,
+            )
         engine = m.engine_counters
         counters = {
             "generation_tokens": _total(engine["generation_tokens"]),
@@ -271,12 +277,18 @@ class _BottleneckCollector(Collector):
     @staticmethod
     def _families() -> list[GaugeMetricFamily]:
         return [
-            GaugeMetricFamily("surge:bottleneck",
-                              "What limits this replica now: 1 for the current kind, else 0 "
-                              "(docs/observability-diagnosis.md).", labels=["kind"]),
-            GaugeMetricFamily("surge:bottleneck_evidence",
-                              "The figures of the diagnosis window, by name.", labels=["figure"]),
-        ]  # fmt: skip
+            GaugeMetricFamily(
+                "surge:bottleneck",
+                "What limits this replica now: 1 for the current kind, else 0 "
+                "(docs/observability-diagnosis.md).",
+                labels=["kind"],
+            ),
+            GaugeMetricFamily(
+                "surge:bottleneck_evidence",
+                "The figures of the diagnosis window, by name.",
+                labels=["figure"],
+            ),
+        ]
 
     def collect(self) -> Iterable[Metric]:
         kind, evidence = self._families()

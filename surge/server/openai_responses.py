@@ -66,11 +66,17 @@ class ResponsesRequest(BaseModel):
             raise BadRequestError("input must not be empty", param="input")
         fields: dict[str, Any] = {"model": self.model, "messages": messages, "stream": False}
         optional = {
-            "max_completion_tokens": self.max_output_tokens, "temperature": self.temperature,
-            "top_p": self.top_p, "user": self.user, "seed": self.seed, "top_k": self.top_k,
-            "priority": self.priority, "request_id": self.request_id,
-            "cache_salt": self.cache_salt, "structured_outputs": self.structured_outputs,
-        }  # fmt: skip
+            "max_completion_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "user": self.user,
+            "seed": self.seed,
+            "top_k": self.top_k,
+            "priority": self.priority,
+            "request_id": self.request_id,
+            "cache_salt": self.cache_salt,
+            "structured_outputs": self.structured_outputs,
+        }
         fields |= {k: v for k, v in optional.items() if v is not None}
         if self.tools:
             fields["tools"] = [_chat_tool(t) for t in self.tools]
@@ -85,8 +91,13 @@ class ResponsesRequest(BaseModel):
 
 def _message(role: str, text: str) -> dict[str, Any]:
     part = "output_text" if role == "assistant" else "input_text"
-    return {"type": "message", "id": new_id("msg"), "status": "completed", "role": role,
-            "content": [{"type": part, "text": text}]}  # fmt: skip
+    return {
+        "type": "message",
+        "id": new_id("msg"),
+        "status": "completed",
+        "role": role,
+        "content": [{"type": part, "text": text}],
+    }
 
 
 def _input_item(item: dict[str, Any]) -> dict[str, Any]:
@@ -125,8 +136,9 @@ def _messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "reasoning":
             continue  # a reasoning model's summary: not shown to this model
         else:
-            raise BadRequestError(f"input[{i}]: items of type {kind!r} are not supported",
-                                  param="input")  # fmt: skip
+            raise BadRequestError(
+                f"input[{i}]: items of type {kind!r} are not supported", param="input"
+            )
     return out
 
 
@@ -138,18 +150,21 @@ def _text(content: Any, i: int) -> str:
         for part in content:
             if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise BadRequestError(f"input[{i}].content: {kind!r} parts are not supported "
-                                      "(text only)", param="input")  # fmt: skip
+                raise BadRequestError(
+                    f"input[{i}].content: {kind!r} parts are not supported (text only)",
+                    param="input",
+                )
             texts.append(str(part.get("text", "")))
         return "".join(texts)
-    raise BadRequestError(f"input[{i}].content must be a string or a list of parts",
-                          param="input")  # fmt: skip
+    raise BadRequestError(f"input[{i}].content must be a string or a list of parts", param="input")
 
 
 def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
     if tool.get("type") != "function":
-        raise BadRequestError(f"tools: {tool.get('type')!r} tools are not supported (function "
-                              "tools only)", param="tools")  # fmt: skip
+        raise BadRequestError(
+            f"tools: {tool.get('type')!r} tools are not supported (function tools only)",
+            param="tools",
+        )
     function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
     return {"type": "function", "function": function}
 
@@ -159,8 +174,9 @@ def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
         return choice
     if choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
-    raise BadRequestError(f"tool_choice: {choice.get('type')!r} is not supported",
-                          param="tool_choice")  # fmt: skip
+    raise BadRequestError(
+        f"tool_choice: {choice.get('type')!r} is not supported", param="tool_choice"
+    )
 
 
 def _response_format(fmt: dict[str, Any]) -> dict[str, Any]:
@@ -182,18 +198,34 @@ def new_id(prefix: str) -> str:
 
 def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": content if status == "completed" else []}  # fmt: skip
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": content if status == "completed" else [],
+    }
 
 
 def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments, "status": status}  # fmt: skip
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "status": status,
+    }
 
 
 def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
-    return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
-            "content": [{"type": "reasoning_text", "text": text}]}  # fmt: skip
+    return {
+        "type": "reasoning",
+        "id": item_id,
+        "status": status,
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}],
+    }
 
 
 def output_items(
@@ -217,26 +249,40 @@ def response_body(
 ) -> dict[str, Any]:
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return {
-        "id": response_id, "object": "response", "created_at": created_at, "status": status,
-        "error": None, "incomplete_details": incomplete, "instructions": body.instructions,
-        "max_output_tokens": body.max_output_tokens, "model": model, "output": output,
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "error": None,
+        "incomplete_details": incomplete,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "model": model,
+        "output": output,
         "parallel_tool_calls": body.parallel_tool_calls,
         "previous_response_id": body.previous_response_id,
-        "temperature": body.temperature, "top_p": body.top_p,
-        "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
-        "text": body.text or {"format": {"type": "text"}}, "truncation": "disabled",
-        "metadata": body.metadata or {}, "store": store, "user": body.user, "usage": usage,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "tool_choice": body.tool_choice or "auto",
+        "tools": body.tools or [],
+        "text": body.text or {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "metadata": body.metadata or {},
+        "store": store,
+        "user": body.user,
+        "usage": usage,
         "background": body.background,
-    }  # fmt: skip
+    }
 
 
 def usage_body(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict[str, Any]:
     return {
-        "input_tokens": prompt_tokens, "output_tokens": output_tokens,
+        "input_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
         "total_tokens": prompt_tokens + output_tokens,
         "input_tokens_details": {"cached_tokens": cached_tokens},
         "output_tokens_details": {"reasoning_tokens": 0},
-    }  # fmt: skip
+    }
 
 
 def unix_now() -> int:

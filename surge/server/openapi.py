@@ -1,6 +1,6 @@
 """What /openapi.json declares beyond FastAPI's defaults, so that generated clients and schema
 fuzzers agree with the server: every status a route really answers, each error in the OpenAI
-shape (surge/openai_errors.py `ErrorResponse`), SSE where a route streams, Prometheus text for
+shape (surge/http/openai_errors.py `ErrorResponse`), SSE where a route streams, Prometheus text for
 /metrics. FastAPI's own 422 is taken out: validation failures are 400s here (errors.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from surge.openai_errors import error_responses
+from surge.http.openai_errors import error_responses
 
 Responses = dict[int | str, dict[str, Any]]
 

@@ -8,13 +8,11 @@ checked once, by SamplingParams, in `to_sampling_params`, which maps failures to
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import EllipsisType
 from typing import Any, ClassVar, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -28,6 +26,14 @@ from pydantic import (
 
 from surge.sampling_params import SamplingParams, effective_max_tokens
 from surge.server.errors import BadRequestError
+from surge.server.protocol_messages import (
+    ChatMessage,
+    StreamOptions,
+    _Model,
+    _non_empty_messages,
+    _reworded,
+    template_messages,
+)
 from surge.server.protocol_structured import (
     NamedToolChoice,
     ResponseFormat,
@@ -41,87 +47,6 @@ from surge.server.tools import ToolPlan
 from surge.structured_output import StructuredOutput
 
 MAX_N = 16  # choices per prompt; each one is a full sequence in the batch
-Role = Literal["system", "user", "assistant", "tool", "developer"]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-def _reworded(message: str) -> Callable[[Any, Any, ValidatorFunctionWrapHandler], Any]:
-    """Wrap validator: a union's per-member errors replaced by one message a human can act on."""
-
-    def validate(cls: Any, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        try:
-            return handler(value)
-        except ValidationError:
-            raise ValueError(message) from None
-
-    return validate
-
-
-class StreamOptions(_Model):
-    include_usage: StrictBool = False
-    continuous_usage_stats: StrictBool = False  # vLLM: usage so far in every chunk
-
-
-class TextContentPart(_Model):
-    type: Literal["text"]
-    text: StrictStr
-
-
-class ChatMessage(_Model):
-    role: Role
-    content: StrictStr | list[TextContentPart] | None = None
-    name: StrictStr | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
-    tool_call_id: StrictStr | None = None  # a tool's answer: to which call
-    # An assistant's earlier thinking, as a reasoning parser answered it (vLLM's `reasoning`,
-    # formerly `reasoning_content`); templates such as Qwen3's read `reasoning_content`.
-    reasoning: StrictStr | None = None
-    reasoning_content: StrictStr | None = None
-
-    _check_content = field_validator("content", mode="wrap")(
-        _reworded(
-            'content must be a string or a list of {"type": "text", "text": ...} parts '
-            "(only text is supported)"
-        )
-    )
-
-
-def flatten_message_content(
-    content: str | Sequence[TextContentPart | Mapping[str, Any]] | None,
-) -> str:
-    """One string for the chat template; text parts are joined by newlines, as vLLM does."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    texts = [p.text if isinstance(p, TextContentPart) else str(p.get("text", "")) for p in content]
-    return "\n".join(texts)
-
-
-def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as plain dicts with string content, ready for a Jinja chat template."""
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        item: dict[str, Any] = {"role": m.role, "content": flatten_message_content(m.content)}
-        if m.name is not None:
-            item["name"] = m.name
-        if m.tool_calls is not None:
-            item["tool_calls"] = m.tool_calls
-        if m.tool_call_id is not None:
-            item["tool_call_id"] = m.tool_call_id
-        if (thought := m.reasoning_content or m.reasoning) is not None:
-            item["reasoning_content"] = item["reasoning"] = thought
-        out.append(item)
-    return out
-
-
-def _non_empty_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
-    if not messages:
-        raise ValueError("messages must contain at least one message")
-    return messages
 
 
 _PARAM_RE = re.compile(r"^([a-z_]+) ")
@@ -133,10 +58,17 @@ class _SamplingRequest(_Model):
     # Some clients send `"n": null` for "not set"; these fields then take their default.
     _NULL_IS_DEFAULT: ClassVar[frozenset[str]] = frozenset(
         {
-            "n", "stream", "echo", "min_tokens", "ignore_eos", "include_stop_str_in_output",
-            "skip_special_tokens", "priority", "add_generation_prompt",
+            "n",
+            "stream",
+            "echo",
+            "min_tokens",
+            "ignore_eos",
+            "include_stop_str_in_output",
+            "skip_special_tokens",
+            "priority",
+            "add_generation_prompt",
         }
-    )  # fmt: skip
+    )
 
     model: StrictStr | None = None  # None: the served model
     n: StrictInt = 1
@@ -367,11 +299,15 @@ class CompletionRequest(_SamplingRequest):
         prompt_logprobs = self.prompt_logprobs
         if self.echo and self.logprobs is not None:  # OpenAI's echo scores the prompt too
             prompt_logprobs = max(prompt_logprobs or 0, self.logprobs)
-        return self._sampling_params(room=room, default_max_tokens=default_max_tokens,
-                                     logprobs=self.logprobs, renames={},
-                                     structured=self.structured_output(),
-                                     prompt_logprobs=prompt_logprobs,
-                                     defaults=defaults)  # fmt: skip
+        return self._sampling_params(
+            room=room,
+            default_max_tokens=default_max_tokens,
+            logprobs=self.logprobs,
+            renames={},
+            structured=self.structured_output(),
+            prompt_logprobs=prompt_logprobs,
+            defaults=defaults,
+        )
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -455,9 +391,14 @@ class ChatCompletionRequest(_SamplingRequest):
             renames["max_tokens"] = "max_completion_tokens"
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         return self._sampling_params(
-            room=room, default_max_tokens=default_max_tokens, logprobs=logprobs, renames=renames,
-            structured=structured, prompt_logprobs=self.prompt_logprobs, defaults=defaults,
-        )  # fmt: skip
+            room=room,
+            default_max_tokens=default_max_tokens,
+            logprobs=logprobs,
+            renames=renames,
+            structured=structured,
+            prompt_logprobs=self.prompt_logprobs,
+            defaults=defaults,
+        )
 
 
 def _check_continuation(body: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, field_validator
 
-from surge.server.protocol import _reworded
+from surge.server.protocol_messages import _reworded
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
 

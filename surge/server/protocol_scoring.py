@@ -56,14 +56,17 @@ class RerankRequest(BaseModel):
         for i, doc in enumerate(self.documents):
             text = doc if isinstance(doc, str) else doc.get("text")
             if not isinstance(text, str):
-                raise BadRequestError(f"documents.{i} must be a string or an object with a "
-                                      "string 'text'", param=f"documents.{i}")  # fmt: skip
+                raise BadRequestError(
+                    f"documents.{i} must be a string or an object with a string 'text'",
+                    param=f"documents.{i}",
+                )
             out.append(text)
         if not out:
             raise BadRequestError("documents must not be empty", param="documents")
         if len(out) >= MAX_INPUTS:
-            raise BadRequestError(f"documents has {len(out)} items; at most {MAX_INPUTS - 1}",
-                                  param="documents")  # fmt: skip
+            raise BadRequestError(
+                f"documents has {len(out)} items; at most {MAX_INPUTS - 1}", param="documents"
+            )
         if self.top_n is not None and self.top_n < 0:
             raise BadRequestError("top_n must be >= 0", param="top_n")
         return out
@@ -85,11 +88,13 @@ def cosine(vectors: list[list[float]], a: list[int], b: list[int]) -> list[float
 
 def score_response(scores: list[float], model: str, num_tokens: int) -> dict[str, Any]:
     return {
-        "id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+        "id": f"score-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
         "model": model,
         "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
         "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
-    }  # fmt: skip
+    }
 
 
 def rerank_response(
@@ -105,5 +110,9 @@ def rerank_response(
         if body.return_documents:
             result["document"] = {"text": texts[i]}
         results.append(result)
-    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model,
-            "usage": {"total_tokens": num_tokens}, "results": results}  # fmt: skip
+    return {
+        "id": f"rerank-{uuid.uuid4().hex}",
+        "model": model,
+        "usage": {"total_tokens": num_tokens},
+        "results": results,
+    }

@@ -81,8 +81,9 @@ def structured_output_of(
         asked.append(("response_format", lambda: StructuredOutput.json_schema(schema)))
     so = structured_outputs
     if so is not None:
-        asked += _vllm_forms("structured_outputs.", so.json_, so.regex, so.choice, so.grammar,
-                             bool(so.json_object))  # fmt: skip
+        asked += _vllm_forms(
+            "structured_outputs.", so.json_, so.regex, so.choice, so.grammar, bool(so.json_object)
+        )
     asked += _vllm_forms("guided_", *guided, False)
     if not asked:
         return None

@@ -6,10 +6,9 @@ from typing import Any
 
 from pydantic import StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
-from surge.server.protocol import (
+from surge.server.protocol import _check_continuation, _check_token_ids
+from surge.server.protocol_messages import (
     ChatMessage,
-    _check_continuation,
-    _check_token_ids,
     _Model,
     _non_empty_messages,
     template_messages,

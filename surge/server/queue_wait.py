@@ -1,10 +1,10 @@
 """Deadline-aware admission: how long an arriving request would wait for its first token.
 
 The tokens ahead of it, in engine steps, each priced by its shape with the engine's step-cost
-model (engine/step_cost.py: seconds = a + b * tokens + c * rows, measured at start and refitted
-on every step since). Counting steps of a known shape, rather than dividing by a token rate or
-multiplying by a mean step time, keeps the estimate right as the batch grows: per token a step of
-64 sequences costs far less than a step of 2, but per step far more.
+model (engine/client/step_cost.py: seconds = a + b * tokens + c * rows, measured at start and
+refitted on every step since). Counting steps of a known shape, rather than dividing by a token
+rate or multiplying by a mean step time, keeps the estimate right as the batch grows: per token a
+step of 64 sequences costs far less than a step of 2, but per step far more.
 
 - Prefill: the prompts ahead of it (its own is not counted), at the step's token budget
   (max_num_batched_tokens) less the running decodes that share each step; each such step
@@ -39,7 +39,7 @@ class EngineShape:
     max_num_seqs: int = 256
     max_batched_tokens: int = 512  # one step's token budget
     kv_tokens: int | None = None  # the KV pool in tokens (blocks x block size); None: unbounded
-    policy: str = "fcfs"  # the engine's scheduling policy (engine/policies.py)
+    policy: str = "fcfs"  # the engine's scheduling policy (engine/core/policies.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,19 +9,60 @@ events mark when the engine got the request and when the first token came out.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from surge.observability.tracing import extract, wall_ns
 
 if TYPE_CHECKING:
-    from surge.server.serving import Job
+    from surge.sampling_params import SamplingParams
+    from surge.server.generation import RequestTiming
     from surge.server.state import ServerState
 
 
-def record_request_span(job: Job, now_s: float) -> None:
+class _Choice(Protocol):
+    @property
+    def finish_reason(self) -> str | None: ...
+
+
+class SpanJob(Protocol):
+    """What a span reads of a finished request (serving.Job), named here so that this module
+    need not import the one that calls it."""
+
+    @property
+    def state(self) -> ServerState: ...
+    @property
+    def req_id(self) -> str: ...
+    @property
+    def params(self) -> SamplingParams: ...
+    @property
+    def timing(self) -> RequestTiming: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def choices(self) -> Sequence[_Choice]: ...
+    @property
+    def finish_reason(self) -> str: ...
+    @property
+    def operation(self) -> str: ...
+    @property
+    def trace_context(self) -> Context | None: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def lora_name(self) -> str | None: ...
+    @property
+    def num_prompt_tokens(self) -> int: ...
+    @property
+    def num_completion_tokens(self) -> int: ...
+
+
+def record_request_span(job: SpanJob, now_s: float) -> None:
     tracing = job.state.tracing
     if not tracing.enabled:
         return

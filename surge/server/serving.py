@@ -18,10 +18,11 @@ from fastapi import Request
 from opentelemetry.context import Context
 from starlette.responses import StreamingResponse
 
-from surge.disconnect import done_before_disconnect
-from surge.engine.client import EngineDeadError, EngineRequestError, RequestAbortedError
-from surge.engine.output_processor import SequenceDelta
-from surge.engine.request import TokenLogprob
+from surge.batch.config import BATCH_LINE_HEADER, BATCH_PRIORITY
+from surge.engine.client.client import EngineDeadError, EngineRequestError, RequestAbortedError
+from surge.engine.client.output_processor import SequenceDelta
+from surge.engine.client.outputs import TokenLogprob
+from surge.http.disconnect import done_before_disconnect
 from surge.observability import tracing
 from surge.sampling_params import SamplingParams
 from surge.server.admission import Admission
@@ -86,13 +87,20 @@ class Job:
     # The longest wait for a first token (--max-queue-wait or the request's timeout): past it
     # the request is shed with a 429, so that none admitted waits longer. None: no bound.
     max_queue_wait_s: float | None = None
+    batch_line: bool = False  # a Batch API line (surge/batch): lowest priority, own pool
 
     def events(self) -> AsyncIterator[Event]:
         events = generate_merged(
-            self.state.client, self.req_id, self.prompts, self.params, self.timing,
-            priority=self.priority, tenant=self.tenant, cache_salt=self.cache_salt,
+            self.state.client,
+            self.req_id,
+            self.prompts,
+            self.params,
+            self.timing,
+            priority=self.priority,
+            tenant=self.tenant,
+            cache_salt=self.cache_salt,
             lora_name=self.lora_name,
-        )  # fmt: skip
+        )
         return events if self.max_queue_wait_s is None else self._first_token_bounded(events)
 
     async def _first_token_bounded(self, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
@@ -159,10 +167,14 @@ class Job:
         st = self.state
         now = time.monotonic()
         reserve = (self.params.max_tokens or 0) * len(self.choices)
-        st.limiter.refund(self.key, max(0, reserve - self.num_completion_tokens), now)
+        if not self.batch_line:  # a batch line is charged no rate-limit tokens
+            st.limiter.refund(self.key, max(0, reserve - self.num_completion_tokens), now)
         reasons = [c.finish_reason for c in self.choices if c.finish_reason]
         if reasons and all(r != "abort" for r in reasons):
             self.finish_reason = "length" if "length" in reasons else "stop"
+        if self.batch_line:  # kept out of the interactive figures (latency, lengths, waits)
+            record_request_span(self, now)
+            return
         t = self.timing
         if t.first_token_s is not None and self.choices:
             st.admission.backlog.observe_length(self.num_completion_tokens / len(self.choices))
@@ -213,7 +225,11 @@ def start_job(
     if state.client.dead_reason is not None:
         raise ServiceUnavailableError("engine is not running", retry_after_s=5, code="engine_dead")
     tenant = resolve_tenant(request, user, state.config)
-    priority = resolve_priority(request, priority, state.config)
+    # A batch line goes last (BATCH_PRIORITY, preempted by any interactive request under the
+    # priority policies) and is admitted in a pool of its own, outside the interactive
+    # request bounds, rate limits and wait estimate, with no queue-wait shedding: it waits.
+    batch_line = BATCH_LINE_HEADER in request.headers
+    priority = BATCH_PRIORITY if batch_line else resolve_priority(request, priority, state.config)
     # Rate limits per tenant where one is named, else per API key or client address.
     key = f"tenant:{tenant}" if tenant else client_key(request)
     reserve = (params.max_tokens or 0) * params.n * len(prompts)
@@ -228,10 +244,19 @@ def start_job(
     )
     bounds = [b for b in (state.config.queue_wait_bound_s, timeout_s) if b is not None]
     arrival_s = getattr(request.state, "arrival_s", time.monotonic())
-    ticket = state.admit(
-        key, num_prompt_tokens, reserve, tenant=tenant, work=work,
-        max_wait_s=min(bounds, default=None), arrival_s=arrival_s,
-    )  # fmt: skip
+    if batch_line:
+        ticket = state.batch_admission.admit(num_prompt_tokens, tenant=tenant, work=work)
+    else:
+        ticket = state.admit(
+            key,
+            num_prompt_tokens,
+            reserve,
+            tenant=tenant,
+            work=work,
+            max_wait_s=min(bounds, default=None),
+            arrival_s=arrival_s,
+        )
+    shed_after = _shed_after(state.config.queue_wait_bound_s, timeout_s)
     # The body's request_id, else the X-Request-Id header's (or the one made for it).
     rid = request_id or getattr(request.state, "request_id", None) or uuid.uuid4().hex
     job = Job(
@@ -249,7 +274,8 @@ def start_job(
         operation=operation,
         timeout_s=timeout_s,
         lora_name=lora_name,
-        max_queue_wait_s=_shed_after(state.config.queue_wait_bound_s, timeout_s),
+        max_queue_wait_s=None if batch_line else shed_after,
+        batch_line=batch_line,
         trace_context=tracing.extract(request.headers) if state.tracing.enabled else None,
     )
     return job

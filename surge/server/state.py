@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from surge.deadline import parse_timeout
-from surge.engine.client import AsyncEngineClient
-from surge.models.tokenizer import Tokenizer
+from surge.engine.client.client import AsyncEngineClient
+from surge.http.deadline import parse_timeout
+from surge.models.formats.tokenizer import Tokenizer
 from surge.observability.metrics import ServerMetrics
 from surge.observability.queue_wait_metrics import QueueWaitMetrics
 from surge.observability.tracing import Tracing
@@ -26,6 +26,8 @@ from surge.server.reasoning import ReasoningParser
 from surge.server.response_store import ResponseStore
 from surge.server.tool_parsers import PARSERS, ToolParser, parser_for_template
 from surge.server.tool_parsers.prompt import renders_tools
+
+BATCH_LINES_QUEUED = 1024  # batch-line requests admitted without a first token, at most
 
 
 @dataclass
@@ -46,6 +48,11 @@ class ServerState:
     # The model's recommended sampling for fields a request leaves out (generation_config.py).
     sampling_defaults: dict[str, float] = field(default_factory=dict)
     queue_wait: QueueWaitMetrics | None = None  # admission's wait estimates against the waits
+    # Batch lines (surge/batch): a pool of their own, so that the interactive bounds and the
+    # wait estimate count interactive requests only.
+    batch_admission: AdmissionController = field(
+        default_factory=lambda: AdmissionController(BATCH_LINES_QUEUED)
+    )
 
     @classmethod
     def create(
@@ -139,9 +146,12 @@ class ServerState:
             # The server's own count of admitted requests without a first token is exact and
             # current; the engine's waiting gauge lags by a step and is a subset of it.
             ticket = self.admission.admit(
-                num_prompt_tokens, tenant=tenant, work=work, max_wait_s=max_wait_s,
+                num_prompt_tokens,
+                tenant=tenant,
+                work=work,
+                max_wait_s=max_wait_s,
                 step_cost=self.client.step_cost.seconds if self.client.step_cost.ready else None,
-            )  # fmt: skip
+            )
         except SurgeHTTPError as e:
             self.metrics.observe_rejection(str(e.code or e.type))
             if self.queue_wait is not None:

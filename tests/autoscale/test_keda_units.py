@@ -13,7 +13,7 @@ import pytest
 from surge.autoscale.observe import add_observe_flags, observed_provider
 from surge.autoscale.providers.base import ReplicaStartError, ReplicaState
 from surge.autoscale.providers.observed import ObservedConfig, ObservedProvider
-from surge.discovery import DnsTarget, resolve
+from surge.http.discovery import DnsTarget, resolve
 from tests.autoscale.keda_client import generate
 
 ROOT = Path(__file__).resolve().parents[2]

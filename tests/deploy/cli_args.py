@@ -11,8 +11,8 @@ def check_surge_argv(argv: list[str]) -> Any:
     """The config the command line builds; argparse's SystemExit or a ValueError if refused."""
     command, rest = argv[0], argv[1:]
     if command == "serve":
-        from surge.cli import add_engine_args, engine_config
-        from surge.cli_server import add_server_args, server_config
+        from surge.cli.main import add_engine_args, engine_config
+        from surge.cli.serve import add_server_args, server_config
 
         p = argparse.ArgumentParser(prog="surge serve")
         add_engine_args(p)

@@ -17,13 +17,16 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
-OVERLAYS = ("cpu", "cpu-keda", "cpu-keda-external", "gpu")
+OVERLAYS = ("cpu", "cpu-keda", "cpu-keda-external", "gpu", "cpu-gateway-api")
 KUBERNETES_VERSION = "1.37.0"  # the newest kubernetes-validate 1.37.0 ships
 CRD_FILES = (
     "keda.sh_scaledobjects.yaml",
     "monitoring.coreos.com_servicemonitors.yaml",
     "monitoring.coreos.com_podmonitors.yaml",
     "vpa-v1-crd-gen.yaml",
+    "inference.networking.k8s.io_inferencepools.yaml",
+    "inference.networking.x-k8s.io_inferenceobjectives.yaml",
+    "gateway.networking.k8s.io_httproutes.yaml",
 )
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from surge.discovery import DnsTarget
 from surge.gateway.metrics import GatewayMetrics
+from surge.http.discovery import DnsTarget
 from surge.observability.metrics import ServerMetrics
 from tests.deploy.cli_args import check_surge_argv
 from tests.deploy.k8s import OVERLAYS, by_kind, container, named, render, validate

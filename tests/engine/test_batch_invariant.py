@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from surge import LLM, SamplingParams
-from surge.engine.outputs import EngineCoreRequest
+from surge.engine.client.outputs import EngineCoreRequest
 from surge.models.kernels import load_paged_decode, load_q4_decode
 from tests.conftest import write_tiny_llama
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from surge.engine.block_hash import extend_block_hashes, hash_block
+from surge.engine.core.block_hash import extend_block_hashes, hash_block
 
 
 def test_hash_is_deterministic_bytes() -> None:

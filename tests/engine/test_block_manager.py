@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from surge.engine.block_hash import extend_block_hashes
-from surge.engine.block_manager import BlockManager
+from surge.engine.core.block_hash import extend_block_hashes
+from surge.engine.core.block_manager import BlockManager
 
 BS = 4
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from surge import SamplingParams
-from surge.engine import calibration_cache
-from surge.engine.calibrate import MAX_ROWS, calibrate, startup_samples
+from surge.engine.client.step_cost import StepCostModel
+from surge.engine.core import calibration_cache
+from surge.engine.core.calibrate import MAX_ROWS, calibrate, startup_samples
 from surge.engine.llm import LLM
-from surge.engine.step_cost import StepCostModel
 
 
 def test_calibration_measures_a_full_prefill_chunk_and_decode_rows_then_forgets_them(

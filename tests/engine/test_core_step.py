@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from surge.engine.client.outputs import EngineCoreRequest, FinishReason
 from surge.engine.config import CacheConfig, EngineConfig, LoRAConfig, ModelConfig, SchedulerConfig
-from surge.engine.core import EngineCore
-from surge.engine.outputs import EngineCoreRequest
-from surge.engine.request import FinishReason
+from surge.engine.core.engine_core import EngineCore
 from surge.sampling_params import SamplingParams
 from surge.structured_output import StructuredOutput
 from tests.lora_adapters import write_peft_adapter

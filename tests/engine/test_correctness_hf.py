@@ -49,7 +49,7 @@ RAW = [
 
 @pytest.fixture(scope="module")
 def prompts(smollm2_gguf_path: Path) -> list[list[int]]:
-    from surge.models.weights import open_model
+    from surge.models.formats.model_files import open_model
 
     tok = open_model(smollm2_gguf_path).tokenizer
     chats = [

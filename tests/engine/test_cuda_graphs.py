@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from surge import LLM, SamplingParams
-from surge.engine.cuda_graphs import DecodeGraphs
+from surge.engine.runner.cuda_graphs import DecodeGraphs
 
 PROMPTS = [
     "Hello",

@@ -9,8 +9,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from surge.engine.detokenizer import IncrementalDetokenizer
-from surge.models.tokenizer import Tokenizer
+from surge.engine.client.detokenizer import IncrementalDetokenizer
+from surge.models.formats.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ import psutil
 import pytest
 import torch
 
-from surge.engine import huge_pages
-from surge.engine.kv_cache import allocate_kv_cache, plan_kv_cache
-from surge.models.spec import ModelSpec
+from surge.engine.runner import huge_pages
+from surge.engine.runner.kv_cache import allocate_kv_cache, plan_kv_cache
+from surge.models.formats.spec import ModelSpec
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

@@ -8,19 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from surge.cli import main as cli_main
+from surge.cli.main import main as cli_main
 from surge.engine.config import CacheConfig, ModelConfig, SchedulerConfig
-from surge.engine.kv_cache import (
+from surge.engine.runner.kv_cache import (
     CPU_KV_CACHE_GIB,
     GPU_FIXED_RESERVE_BYTES,
     gpu_kv_budget_bytes,
     kv_bytes_per_token,
     step_transient_bytes,
 )
-from surge.engine.loader import kv_budget, plan_load
+from surge.engine.runner.loader import kv_budget, plan_load
 from surge.models.device import Precision
+from surge.models.formats.model_files import open_model
 from surge.models.quant import estimate_weight_bytes
-from surge.models.weights import open_model
 
 GIB = 1 << 30
 

@@ -26,7 +26,7 @@ def hf_reference(tiny_model_dir: Path) -> list[list[int]]:
     """Greedy continuations from HF transformers, one prompt at a time (no padding effects)."""
     from transformers import AutoModelForCausalLM
 
-    from surge.models.weights import open_model
+    from surge.models.formats.model_files import open_model
 
     tok = open_model(tiny_model_dir).tokenizer
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

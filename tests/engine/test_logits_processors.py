@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 import torch
 
-from surge.engine.logits_processors import (
+from surge.engine.sample.logits_processors import (
     GrammarMask,
     MinTokens,
     Penalties,
     TokenRules,
     default_processors,
 )
-from surge.engine.sampler import Sampler
-from surge.engine.sampling_row import SamplingRow
+from surge.engine.sample.sampler import Sampler
+from surge.engine.sample.sampling_row import SamplingRow
 from surge.sampling_params import SamplingParams, effective_max_tokens
 
 INF = float("-inf")

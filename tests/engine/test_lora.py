@@ -51,7 +51,7 @@ def peft_reference(tiny_model_dir: Path, adapters: dict[str, Path]) -> dict[str,
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from surge.models.weights import open_model
+    from surge.models.formats.model_files import open_model
 
     tok = open_model(tiny_model_dir).tokenizer
     out: dict[str, list[list[int]]] = {}
@@ -130,7 +130,7 @@ def test_load_unload_at_run_time(
         peft_reference["all"][0]
     ]
     # Unloading with a request in flight: it finishes on its adapter, the slot is freed after.
-    from surge.engine.outputs import EngineCoreRequest
+    from surge.engine.client.outputs import EngineCoreRequest
 
     engine = llm.engine
     engine.add_request(EngineCoreRequest("inflight", llm.tokenizer.encode(PROMPTS[1]), GREEDY,

@@ -9,7 +9,7 @@ import select
 import struct
 import threading
 
-from surge.engine.pipe_reader import PipeReader
+from surge.engine.client.pipe_reader import PipeReader
 
 
 def test_messages_bigger_than_the_pipe_arrive_whole_and_in_order() -> None:

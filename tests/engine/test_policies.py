@@ -11,12 +11,13 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from surge.engine.batch import SampledToken, SampledTokens, SchedulerOutput
-from surge.engine.block_manager import BlockManager
+from surge.engine.client.outputs import FinishReason
 from surge.engine.config import SchedulerConfig
-from surge.engine.policies import make_policy
-from surge.engine.request import FinishReason, Request, RequestStatus
-from surge.engine.scheduler import Scheduler
+from surge.engine.core.batch import SampledToken, SampledTokens, SchedulerOutput
+from surge.engine.core.block_manager import BlockManager
+from surge.engine.core.policies import make_policy
+from surge.engine.core.request import Request, RequestStatus
+from surge.engine.core.scheduler import Scheduler
 from surge.sampling_params import SamplingParams
 
 BS = 4

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from surge import LLM, SamplingParams
-from surge.cli import main as cli_main
+from surge.cli.main import main as cli_main
 from surge.engine.config import ModelConfig
-from surge.engine.loader import q4_kernel_name, quantization_hint, resolve_quantization
+from surge.engine.runner.loader import q4_kernel_name, quantization_hint, resolve_quantization
 from surge.models.device import (
     DeviceCaps,
     Precision,
@@ -25,10 +25,10 @@ from surge.models.device import (
     device_caps,
 )
 from surge.models.evaluate import perplexity, score, token_logprobs
+from surge.models.formats.model_files import ModelFiles, open_model
 from surge.models.kernels import load_q4_linear
 from surge.models.q4 import Q4Linear, dequantize_q4
 from surge.models.quant import Int8Linear, estimate_weight_bytes, weight_bytes
-from surge.models.weights import ModelFiles, open_model
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -186,7 +186,7 @@ def test_compiled_graphs_are_kept_under_surges_cache(tiny_model_dir: Path, tmp_p
     Checked in fresh processes, where torch has not fixed the variable yet."""
     script = (
         "import os, sys\n"
-        "import surge.cli as cli\n"
+        "import surge.cli.main as cli\n"
         "cli.cmd_info = lambda args: print(os.environ['TORCHINDUCTOR_CACHE_DIR']) or 0\n"
         "sys.exit(cli.main(['info', '--model', sys.argv[1]]))\n"
     )

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from surge.engine.sampler import (
+from surge.engine.sample.sampler import (
     Sampler,
     SamplingRow,
     apply_min_tokens,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import random
 
-from surge.engine.batch import SampledToken, SampledTokens, SchedulerOutput
-from surge.engine.block_manager import BlockManager
+from surge.engine.client.outputs import FinishReason
 from surge.engine.config import SchedulerConfig
-from surge.engine.policies import FCFSPolicy
-from surge.engine.request import FinishReason, Request, RequestStatus
-from surge.engine.scheduler import Scheduler
+from surge.engine.core.batch import SampledToken, SampledTokens, SchedulerOutput
+from surge.engine.core.block_manager import BlockManager
+from surge.engine.core.policies import FCFSPolicy
+from surge.engine.core.request import Request, RequestStatus
+from surge.engine.core.scheduler import Scheduler
 from surge.sampling_params import SamplingParams
 
 BS = 4  # block size

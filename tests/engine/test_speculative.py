@@ -11,9 +11,9 @@ from typing import ClassVar
 
 import pytest
 
-from surge.engine import ngram
+from surge.engine.core import ngram
+from surge.engine.core.ngram import NgramIndex
 from surge.engine.llm import LLM
-from surge.engine.ngram import NgramIndex
 from surge.sampling_params import SamplingParams
 
 PROMPTS = [
@@ -77,7 +77,7 @@ class Oracle:
 def oracle(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[Oracle]]:
     Oracle.answers = {}
     monkeypatch.setattr(ngram, "NgramIndex", Oracle)
-    monkeypatch.setattr("surge.engine.scheduler.NgramIndex", Oracle)
+    monkeypatch.setattr("surge.engine.core.scheduler.NgramIndex", Oracle)
     yield Oracle
 
 

@@ -1,4 +1,4 @@
-"""The step-tensor builder (surge/engine/step_inputs.py) on real SchedulerOutputs of an
+"""The step-tensor builder (surge/engine/runner/step_inputs.py) on real SchedulerOutputs of an
 EngineCore on the tiny model, in process: mixed decode + prefill steps, a chunked prefill,
 padding, prompt scoring and LoRA rows, every position, slot and table against values worked out
 by hand; and the step paths' `accepts`, which decides which of them runs each step."""
@@ -15,13 +15,13 @@ from typing import cast
 import pytest
 import torch
 
-from surge.engine.batch import SchedulerOutput
+from surge.engine.client.outputs import EngineCoreRequest
 from surge.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from surge.engine.core import EngineCore
-from surge.engine.cuda_graphs import DecodeGraphs
-from surge.engine.outputs import EngineCoreRequest
-from surge.engine.step_inputs import StepLayout
-from surge.engine.step_paths import (
+from surge.engine.core.batch import SchedulerOutput
+from surge.engine.core.engine_core import EngineCore
+from surge.engine.runner.cuda_graphs import DecodeGraphs
+from surge.engine.runner.step_inputs import StepLayout
+from surge.engine.runner.step_paths import (
     CompiledPath,
     CudaGraphPath,
     EagerPath,

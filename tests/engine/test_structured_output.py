@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from surge.engine.grammar import (
+from surge.engine.llm import LLM
+from surge.engine.sample.grammar import (
     GrammarCompiler,
     apply_token_bitmask_,
     token_bitmask,
     unpack_bitmask,
 )
-from surge.engine.llm import LLM
-from surge.engine.sampler import Sampler, SamplingRow
-from surge.models.weights import open_model
+from surge.engine.sample.sampler import Sampler, SamplingRow
+from surge.models.formats.model_files import open_model
 from surge.sampling_params import SamplingParams
 from surge.structured_output import StructuredOutput
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from surge.engine.sampler import Sampler, SamplingRow
-from surge.engine.token_rules import encode_bad_words
-from surge.models.weights import open_model
+from surge.engine.sample.sampler import Sampler, SamplingRow
+from surge.engine.sample.token_rules import encode_bad_words
+from surge.models.formats.model_files import open_model
 from surge.sampling_params import SamplingParams
 
 SAMPLER = Sampler(eos_token_ids=[7])

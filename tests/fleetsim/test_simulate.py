@@ -25,25 +25,6 @@ from surge.fleetsim.recommend import recommend
 from surge.fleetsim.simulate import SimConfig, simulate, with_defaults
 from surge.fleetsim.traffic import Traffic
 
-# concurrency, TTFT mean (s), TPOT mean (s); 64 output tokens per request
-LEVELS = [(1, 0.05, 0.02), (2, 0.07, 0.025), (4, 0.1, 0.035), (8, 0.2, 0.06), (16, 0.5, 0.11)]
-
-
-@pytest.fixture
-def profile_path(tmp_path: Path) -> Path:
-    rows = []
-    for c, ttft, tpot in LEVELS:
-        summary = {
-            "num_ok": 10, "num_output_tokens": 640, "num_prompt_tokens": 1280,
-            "request_rps": c / (ttft + 63 * tpot),
-            "ttft": {"mean": ttft, "p50": ttft}, "tpot": {"mean": tpot, "p50": tpot},
-        }  # fmt: skip
-        rows.append({"load": c, "passed": None, "summary": summary})
-    path = tmp_path / "profile.json"
-    replica = {"start_s": 10.0, "cpus": 2, "rss_gib": 2.5, "kv_cache_gib": 2.0}
-    path.write_text(json.dumps({"rows": rows, "replica": replica}))
-    return path
-
 
 def run(profile_path: Path, traffic: str, duration: float, mode: str, policies: tuple[str, ...],
         history: float = 0.0, start_s: float | None = None, step: int = 4) -> dict:  # fmt: skip

@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from surge.discovery import DnsTarget, resolve
 from surge.gateway.config import GatewayConfig, UpstreamConfig
 from surge.gateway.dns_watch import discover_once
 from surge.gateway.upstreams import PRIMARY, UpstreamPool
+from surge.http.discovery import DnsTarget, resolve
 from tests.gateway.processes import GatewayProcess
 from tests.servers import ServerProcess
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from surge.gateway.app import GatewayState, build_app
+from surge.gateway.app import build_app
 from surge.gateway.config import (
     BreakerConfig,
     GatewayConfig,
@@ -24,6 +24,7 @@ from surge.gateway.config import (
     TimeoutConfig,
     UpstreamConfig,
 )
+from surge.gateway.state import GatewayState
 from tests.gateway.scripted import Script, scripted_app, serving
 
 BASE = GatewayConfig(

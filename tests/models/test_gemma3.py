@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from surge.engine.llm import LLM
-from surge.models.spec import FULL, SLIDING, ModelSpec
+from surge.models.formats.spec import FULL, SLIDING, ModelSpec
 from surge.sampling_params import SamplingParams
 from tests.models.tiny_hf import (
     assert_surge_greedy,
@@ -65,7 +65,7 @@ def test_real_gemma3_270m_gguf_matches_transformers() -> None:
     tokens as transformers reading the same file."""
     from transformers import AutoModelForCausalLM
 
-    from surge.models.resolve import resolve_model
+    from surge.models.formats.resolve import resolve_model
 
     path = resolve_model("gemma3-270m")
     llm = LLM(model=str(path), dtype="float32", quantization="none")

@@ -9,7 +9,7 @@ from pathlib import Path
 import gguf
 import pytest
 
-from surge.models.generation_config import read_model_defaults, sampling_defaults
+from surge.models.formats.generation_config import read_model_defaults, sampling_defaults
 
 
 def test_a_folders_generation_config_gives_the_request_fields(tmp_path: Path) -> None:

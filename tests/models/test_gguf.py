@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from surge.models.spec import ModelSpec, RopeScaling
-from surge.models.weights import open_model
+from surge.models.formats.model_files import open_model
+from surge.models.formats.spec import ModelSpec, RopeScaling
 
 Q = gguf.GGMLQuantizationType
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 64, 128, 4, 2, 2
@@ -260,7 +260,7 @@ def test_fast_reader_reads_what_gguf_py_reads(smollm2_gguf_path: Path) -> None:
     every field's contents, and every tensor's record and bytes."""
     import numpy as np
 
-    from surge.models.gguf_file import GGUFFile
+    from surge.models.formats.gguf_file import GGUFFile
 
     ours, ref = GGUFFile(smollm2_gguf_path), gguf.GGUFReader(smollm2_gguf_path)
     names = {k for k in ref.fields if not k.startswith("GGUF.")}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tokenizers import pre_tokenizers
 
-from surge.models.tokenizer import Tokenizer
+from surge.models.formats.tokenizer import Tokenizer
 
 transformers = pytest.importorskip("transformers")
 

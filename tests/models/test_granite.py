@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from surge.engine.llm import LLM
-from surge.models.spec import ModelSpec
+from surge.models.formats.spec import ModelSpec
 from surge.sampling_params import SamplingParams
 from tests.models.tiny_hf import save_with_tokenizer, tokenizer_vocab
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from surge.models.formats.spec import ModelSpec
 from surge.models.layers import RotaryEmbedding
-from surge.models.spec import ModelSpec
 from tests.models.tiny_hf import (
     assert_surge_greedy,
     hf_greedy,
@@ -78,7 +78,7 @@ def test_a_phi3_gguf_loads_fused_weights_and_its_rope(tmp_path: Path) -> None:
     import gguf
     import numpy as np
 
-    from surge.models.weights import open_model
+    from surge.models.formats.model_files import open_model
     from tests.models.test_gguf import MERGES, SPECIALS, byte_alphabet
 
     hidden, ffn, heads, kv_heads, head_dim, layers = 64, 128, 4, 2, 16, 2

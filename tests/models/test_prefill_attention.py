@@ -16,8 +16,8 @@ import torch
 
 from surge.models import kernels
 from surge.models.attention import AttnMetadata
+from surge.models.formats.spec import ModelSpec
 from surge.models.q4_decode import FusedQ4Decode
-from surge.models.spec import ModelSpec
 from tests.models.test_q4_decode import (
     BLOCK,
     Caches,

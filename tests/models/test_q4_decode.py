@@ -11,14 +11,15 @@ import pytest
 import torch
 
 from surge import LLM, SamplingParams
-from surge.engine.outputs import EngineCoreRequest
+from surge.engine.client.outputs import EngineCoreRequest
 from surge.models.attention import AttnMetadata, PrefillChunk
+from surge.models.build import quantize_model
+from surge.models.formats.spec import ModelSpec
 from surge.models.kernels import load_paged_decode, load_q4_decode, load_w8a8_linear
 from surge.models.kv_quant import dequantize_rows, quantize_rows
 from surge.models.llama import LlamaForCausalLM
 from surge.models.q4_decode import Q4_MAX_ROWS, FusedQ4Decode
-from surge.models.quant import GEMV_MAX_ROWS, quantize_model
-from surge.models.spec import ModelSpec
+from surge.models.quant import GEMV_MAX_ROWS
 
 module = load_q4_decode()
 needs_stack = pytest.mark.skipif(

@@ -11,9 +11,9 @@ import torch
 
 from surge import LLM, SamplingParams
 from surge.models.attention import AttnMetadata
+from surge.models.formats.spec import ModelSpec
 from surge.models.lora import LoRAModel, LoRAWeights, module_shape
 from surge.models.q4_decode import FusedQ4Decode
-from surge.models.spec import ModelSpec
 from tests.lora_adapters import write_random_adapter
 from tests.models.test_q4_decode import (
     FOUR_BIT,

@@ -10,8 +10,8 @@ from typing import Any
 import gguf
 import pytest
 
-from surge.models import resolve
-from surge.models.resolve import (
+from surge.models.formats import resolve
+from surge.models.formats.resolve import (
     ALIASES,
     DEFAULT_MODEL,
     ModelNotFoundError,

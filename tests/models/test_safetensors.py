@@ -12,8 +12,8 @@ from safetensors.torch import save_file
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from surge.models.spec import ModelSpec, RopeScaling
-from surge.models.weights import open_model
+from surge.models.formats.model_files import open_model
+from surge.models.formats.spec import ModelSpec, RopeScaling
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from surge.models.spec import ModelSpec
+from surge.models.formats.spec import ModelSpec
 from tests.models.tiny_hf import (
     assert_surge_greedy,
     hf_greedy,

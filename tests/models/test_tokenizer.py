@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
-from surge.models.tokenizer import Tokenizer
+from surge.models.formats.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from surge.engine.outputs import EngineStats
+from surge.engine.client.outputs import EngineStats
 from surge.observability.metrics import (
     ITL_BUCKETS,
     TTFT_BUCKETS,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from surge.top import View, render, rows_of, sort_rows
+from surge.cli.top import View, render, rows_of, sort_rows
 from tests.observability.load import Load, words
 from tests.servers import ServerProcess
 

@@ -8,9 +8,9 @@ import httpx
 import pytest
 from opentelemetry import trace
 
-from surge.cli import main as surge_main
+from surge.cli.main import main as surge_main
 from surge.gateway.cli import build_parser, config_from_args
-from surge.gateway.proxy import forward_headers
+from surge.gateway.hop_headers import forward_headers
 from surge.observability.tracing import (
     Tracing,
     TracingConfig,

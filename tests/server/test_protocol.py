@@ -18,10 +18,9 @@ from surge.server.protocol import (
     MAX_N,
     ChatCompletionRequest,
     CompletionRequest,
-    TextContentPart,
     check_context_length,
-    flatten_message_content,
 )
+from surge.server.protocol_messages import TextContentPart, flatten_message_content
 from surge.server.protocol_tokenize import DetokenizeRequest, TokenizeRequest
 
 MSGS = [{"role": "user", "content": "hi"}]

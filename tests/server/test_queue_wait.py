@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from surge.engine.step_cost import StepCostModel
+from surge.engine.client.step_cost import StepCostModel
 from surge.server.admission import AdmissionController
 from surge.server.errors import RateLimitError
 from surge.server.queue_wait import Backlog, EngineShape, StepCost, Work

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from surge.models.weights import open_model
+from surge.models.formats.model_files import open_model
 from surge.server.openai_responses import ResponsesRequest
 from surge.server.protocol import ChatCompletionRequest
 from surge.server.routes.chat import render_text

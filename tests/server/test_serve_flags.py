@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from surge.cli import build_parser, engine_config
-from surge.cli_server import server_config
+from surge.cli.main import build_parser, engine_config
+from surge.cli.serve import server_config
 from surge.engine.config import EngineConfig
 from surge.observability.tracing import TracingConfig
 from surge.server.config import ObservabilityConfig, ServerConfig

@@ -69,9 +69,16 @@ class LocalProcessProvider:
         self._ports_taken.add(port)
         rid = f"replica-{next(self._ids)}-{port}"
         cmd = [
-            sys.executable, "-m", "surge.cli", "serve",
-            "--host", cfg.host, "--port", str(port), *cfg.serve_args,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "surge.cli",
+            "serve",
+            "--host",
+            cfg.host,
+            "--port",
+            str(port),
+            *cfg.serve_args,
+        ]
         log_path = cfg.log_dir / f"surge-autoscale-{rid}.log"
         cores = self._pick_cores()
         env = dict(os.environ)
@@ -80,8 +87,9 @@ class LocalProcessProvider:
         with log_path.open("wb") as out:
             # A session of its own: a Ctrl-C at the autoscaler's terminal is the autoscaler's
             # to handle (it drains the replicas), not a signal to every replica at once.
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         if cores:
             # At once, while the child is still importing: the engine process it spawns later,
             # and every thread, inherit the mask.
@@ -90,8 +98,13 @@ class LocalProcessProvider:
         labels = {"log": str(log_path)}
         if cores:
             labels["cores"] = ",".join(map(str, cores))
-        replica = Replica(rid, f"http://{cfg.host}:{port}", started_s=time.monotonic(),
-                          pid=proc.pid, labels=labels)  # fmt: skip
+        replica = Replica(
+            rid,
+            f"http://{cfg.host}:{port}",
+            started_s=time.monotonic(),
+            pid=proc.pid,
+            labels=labels,
+        )
         self._procs[rid] = proc
         self._replicas[rid] = replica
         log.info("replica %s starting (pid %d), log %s", rid, proc.pid, log_path)
@@ -100,8 +113,9 @@ class LocalProcessProvider:
             async def running() -> bool:
                 return proc.poll() is None
 
-            await wait_healthy(replica.url, f"replica {rid}", running, cfg.startup_timeout_s,
-                               str(log_path))  # fmt: skip
+            await wait_healthy(
+                replica.url, f"replica {rid}", running, cfg.startup_timeout_s, str(log_path)
+            )
         except BaseException:
             await self._stop(replica, timeout_s=5.0)
             raise

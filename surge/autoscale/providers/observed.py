@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from surge.autoscale.providers.base import Replica, ReplicaStartError, ReplicaState
-from surge.discovery import DnsTarget, resolve
+from surge.http.discovery import DnsTarget, resolve
 
 log = logging.getLogger(__name__)
 

@@ -64,11 +64,21 @@ class ReplicaProcess:
         folder = Path(self.log_dir or tempfile.gettempdir())
         folder.mkdir(parents=True, exist_ok=True)
         log_path = str(folder / f"surge-ray-replica-{port}.log")
-        cmd = [sys.executable, "-m", "surge.cli", "serve", "--host", host, "--port", str(port),
-               *self.serve_args]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "surge.cli",
+            "serve",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            *self.serve_args,
+        ]
         with open(log_path, "wb") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         return f"http://{host}:{port}", self.proc.pid, log_path
 
     def _free_port(self, host: str) -> int:
@@ -124,14 +134,21 @@ class RayProvider:
             raise ReplicaStartError(f"a Ray replica could not start: {e}") from e
         rid = f"ray-replica-{next(self._ids)}"
         node = url.split("//")[1].rsplit(":", 1)[0]
-        replica = Replica(rid, url, started_s=time.monotonic(), pid=pid,
-                          labels={"log": log_path, "node": node})  # fmt: skip
+        replica = Replica(
+            rid, url, started_s=time.monotonic(), pid=pid, labels={"log": log_path, "node": node}
+        )
         self._actors[rid], self._replicas[rid], self._alive[rid] = actor, replica, True
         log.info("replica %s starting on %s (pid %d there)", rid, url, pid)
         try:
             where = f"{log_path} on {node}"
-            await wait_healthy(replica.url, f"replica {rid}", actor.alive.remote,
-                               cfg.startup_timeout_s, where, poll_s=0.5)  # fmt: skip
+            await wait_healthy(
+                replica.url,
+                f"replica {rid}",
+                actor.alive.remote,
+                cfg.startup_timeout_s,
+                where,
+                poll_s=0.5,
+            )
         except BaseException:
             await self._stop(replica, timeout_s=5.0)
             raise

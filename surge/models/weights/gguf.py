@@ -9,8 +9,8 @@ import gguf
 import numpy as np
 import torch
 
-from surge.models.gguf_file import GGUFSource
-from surge.models.spec import ModelSpec
+from surge.models.formats.gguf_file import GGUFSource
+from surge.models.formats.spec import ModelSpec
 from surge.models.weights.gguf_blocks import dequantize_blocks
 
 _GLOBAL_NAMES = {
@@ -76,20 +76,6 @@ def gguf_weights(reader: GGUFSource, spec: ModelSpec) -> Iterator[tuple[str, tor
         elif permuted and ".self_attn.k_proj." in name:
             weight = unpermute_rope_rows(weight, spec.num_kv_heads)
         yield name, weight
-
-
-def layer_block_format(reader: GGUFSource) -> str | None:
-    """The one GGUF type every decoder layer's matrix is stored in ("Q4_1", "F16", ...);
-    "mixed" when they differ and some are quantized (K-quant files: Q4_K, Q6_K...), None when
-    they are floats of different types (norms, 1-D, are not counted)."""
-    kinds = {
-        t.tensor_type.name
-        for t in reader.tensors
-        if t.name.startswith("blk.") and len(t.shape) == 2
-    }
-    if len(kinds) == 1:
-        return kinds.pop()
-    return "mixed" if any(k.startswith(("Q", "IQ")) for k in kinds) else None
 
 
 def dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from surge.engine.output_processor import SequenceDelta
+from surge.engine.client.output_processor import SequenceDelta
 from surge.server.errors import BadRequestError
 from surge.server.openapi import ADMITTED, with_200
 from surge.server.protocol import ChatCompletionRequest
@@ -69,8 +69,9 @@ def render_text(state: ServerState, body: ChatCompletionRequest | TokenizeReques
                 return text[: end + len(needle)]
         raise BadRequestError(
             "continue_final_message: the chat template does not write the final message's "
-            "text as given", param="messages",
-        )  # fmt: skip
+            "text as given",
+            param="messages",
+        )
     return text
 
 
@@ -118,9 +119,11 @@ def start_chat(
     room = body.context_room([len(prompt)], state.max_model_len, param=param)
     plan = body.tool_plan(auto_tools=state.tool_parser is not None)
     params = body.to_sampling_params(
-        room=room, default_max_tokens=state.default_max_tokens, plan=plan,
+        room=room,
+        default_max_tokens=state.default_max_tokens,
+        plan=plan,
         defaults=state.sampling_defaults,
-    )  # fmt: skip
+    )
     opens = state.reasoning is not None and text.rstrip().endswith(THINK_START)
     if state.reasoning is not None and (structured := params.structured) is not None:
         # A reasoning model thinks first: the constraint holds from its `</think>` on. Not
@@ -132,15 +135,25 @@ def start_chat(
             thinking = replace(structured, thinking="first" if first else "optional")
             params = replace(params, structured=thinking)
     job = start_job(
-        state, request, [prompt], params, request_id=body.request_id, user=body.user,
+        state,
+        request,
+        [prompt],
+        params,
+        request_id=body.request_id,
+        user=body.user,
         priority=body.priority if "priority" in body.model_fields_set else None,
-        cache_salt=body.cache_salt, operation="chat", lora_name=lora_name,
-    )  # fmt: skip
+        cache_salt=body.cache_salt,
+        operation="chat",
+        lora_name=lora_name,
+    )
     return ChatJob(job, prompt, plan, _auto_parser(state, body), state.reasoning, opens)
 
 
-@router.post("/v1/chat/completions", response_model=None,
-             responses=with_200(ChatCompletionResponse, stream=True) | ADMITTED)  # fmt: skip
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    responses=with_200(ChatCompletionResponse, stream=True) | ADMITTED,
+)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     state = get_state(request)
     chat = start_chat(state, body, request)
@@ -160,8 +173,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         content, calls = chat.read_calls(rest)
         if calls:
             tool_calls = [t.to_openai() for t in calls]
-            message = ChatResponseMessage(content=content, reasoning=reasoning,
-                                          tool_calls=tool_calls)  # fmt: skip
+            message = ChatResponseMessage(
+                content=content, reasoning=reasoning, tool_calls=tool_calls
+            )
             finish_reason = tool_calls_finish_reason(c.finish_reason)
         choices.append(
             ChatCompletionChoice(
@@ -174,10 +188,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         )
     scores = job.choices[0].prompt_logprobs if body.prompt_logprobs is not None else None
     resp = ChatCompletionResponse(
-        model=model, choices=choices, usage=job.usage(),
+        model=model,
+        choices=choices,
+        usage=job.usage(),
         prompt_logprobs=None if scores is None else prompt_logprobs_field(tok, prompt, scores),
         prompt_token_ids=prompt if ids else None,
-    )  # fmt: skip
+    )
     return JSONResponse(resp.model_dump(mode="json"))
 
 
@@ -208,8 +224,9 @@ def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
 
     def chunk(choices: list[ChatCompletionStreamChoice], prompt: list[int] | None = None) -> str:
         usage = job.usage() if body.continuous_usage else None
-        out = ChatCompletionStreamResponse(id=cid, model=model, choices=choices, usage=usage,
-                                           prompt_token_ids=prompt)  # fmt: skip
+        out = ChatCompletionStreamResponse(
+            id=cid, model=model, choices=choices, usage=usage, prompt_token_ids=prompt
+        )
         return out.to_sse(include_usage=include_usage)
 
     def opening(i: int) -> DeltaMessage:
@@ -241,22 +258,38 @@ def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
             if calls is not None:
                 content, pieces = calls[i].update(text, d.finish_reason is not None)
                 if content or pieces or thought or logprobs is not None:
-                    delta = DeltaMessage(reasoning=thought or None, content=content or None,
-                                         tool_calls=pieces or None)  # fmt: skip
-                    choice = ChatCompletionStreamChoice(index=i, delta=delta, logprobs=logprobs,
-                                                        token_ids=take(i))  # fmt: skip
+                    delta = DeltaMessage(
+                        reasoning=thought or None,
+                        content=content or None,
+                        tool_calls=pieces or None,
+                    )
+                    choice = ChatCompletionStreamChoice(
+                        index=i, delta=delta, logprobs=logprobs, token_ids=take(i)
+                    )
                     out.append(chunk([choice]))
             elif plan is None and (fresh or thought or logprobs is not None):
                 said = fresh if thinking is None else fresh or None
                 delta = DeltaMessage(reasoning=thought or None, content=said)
-                out.append(chunk([ChatCompletionStreamChoice(index=i, delta=delta,
-                                                             logprobs=logprobs,
-                                                             token_ids=take(i))]))  # fmt: skip
+                out.append(
+                    chunk(
+                        [
+                            ChatCompletionStreamChoice(
+                                index=i, delta=delta, logprobs=logprobs, token_ids=take(i)
+                            )
+                        ]
+                    )
+                )
             elif streams_arguments and d.text:
                 delta = DeltaMessage(tool_calls=[{"index": 0, "function": {"arguments": d.text}}])
-                out.append(chunk([ChatCompletionStreamChoice(index=i, delta=delta,
-                                                             logprobs=logprobs,
-                                                             token_ids=take(i))]))  # fmt: skip
+                out.append(
+                    chunk(
+                        [
+                            ChatCompletionStreamChoice(
+                                index=i, delta=delta, logprobs=logprobs, token_ids=take(i)
+                            )
+                        ]
+                    )
+                )
             if d.finish_reason is not None:
                 reason = d.finish_reason
                 if plan is not None:
@@ -264,8 +297,15 @@ def _stream(chat: ChatJob, body: ChatCompletionRequest, model: str) -> Response:
                     reason = plan.finish_reason(d.finish_reason) or reason
                 elif calls is not None and calls[i].called:
                     reason = tool_calls_finish_reason(reason) or reason
-                out.append(chunk([ChatCompletionStreamChoice(index=i, finish_reason=reason,
-                                                             token_ids=take(i))]))  # fmt: skip
+                out.append(
+                    chunk(
+                        [
+                            ChatCompletionStreamChoice(
+                                index=i, finish_reason=reason, token_ids=take(i)
+                            )
+                        ]
+                    )
+                )
         return out
 
     def last() -> list[str]:

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from surge.engine.output_processor import SequenceDelta
+from surge.engine.client.output_processor import SequenceDelta
 from surge.server.errors import BadRequestError
 from surge.server.openapi import ADMITTED, with_200
 from surge.server.protocol import CompletionRequest
@@ -35,8 +35,11 @@ from surge.server.state import get_state
 router = APIRouter()
 
 
-@router.post("/v1/completions", response_model=None,
-             responses=with_200(CompletionResponse, stream=True) | ADMITTED)  # fmt: skip
+@router.post(
+    "/v1/completions",
+    response_model=None,
+    responses=with_200(CompletionResponse, stream=True) | ADMITTED,
+)
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state = get_state(request)
     lora_name = state.check_model(body.model)
@@ -54,10 +57,16 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         room=room, default_max_tokens=state.default_max_tokens, defaults=state.sampling_defaults
     )
     job = start_job(
-        state, request, prompts, params, request_id=body.request_id, user=body.user,
+        state,
+        request,
+        prompts,
+        params,
+        request_id=body.request_id,
+        user=body.user,
         priority=body.priority if "priority" in body.model_fields_set else None,
-        cache_salt=body.cache_salt, lora_name=lora_name,
-    )  # fmt: skip
+        cache_salt=body.cache_salt,
+        lora_name=lora_name,
+    )
     model = body.model or state.config.served_model_name
     echo = [tok.decode(p) if body.echo else "" for p in prompts]
     if body.stream:
@@ -78,10 +87,17 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         scores = None
         if body.prompt_logprobs is not None and c.prompt_logprobs is not None:
             scores = prompt_logprobs_field(tok, prompt, c.prompt_logprobs)
-        choices.append(CompletionChoice(index=i, text=prefix + c.text, logprobs=logprobs,
-                                        finish_reason=c.finish_reason, prompt_logprobs=scores,
-                                        prompt_token_ids=prompt if want_ids else None,
-                                        token_ids=c.token_ids if want_ids else None))  # fmt: skip
+        choices.append(
+            CompletionChoice(
+                index=i,
+                text=prefix + c.text,
+                logprobs=logprobs,
+                finish_reason=c.finish_reason,
+                prompt_logprobs=scores,
+                prompt_token_ids=prompt if want_ids else None,
+                token_ids=c.token_ids if want_ids else None,
+            )
+        )
     resp = CompletionResponse(
         model=model,
         choices=choices,

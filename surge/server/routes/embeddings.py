@@ -8,7 +8,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from surge.disconnect import done_before_disconnect
+from surge.http.disconnect import done_before_disconnect
 from surge.server.embeddings import EmbeddingService
 from surge.server.errors import (
     BadRequestError,
@@ -44,8 +44,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
     vectors = await embed_request(request, service, token_ids)
     if vectors is None:
         return Response(status_code=499)
-    return JSONResponse(embedding_response(vectors, service.name, body.encoding_format,
-                                           num_tokens))  # fmt: skip
+    return JSONResponse(embedding_response(vectors, service.name, body.encoding_format, num_tokens))
 
 
 def embedding_service(request: Request, model: str | None) -> EmbeddingService:
@@ -77,8 +76,9 @@ async def embed_request(
         error = str(e.code or e.type)
         raise
     finally:
-        record_embedding_span(state, request.headers, arrival_s, service.name, len(token_ids),
-                              num_tokens, error)  # fmt: skip
+        record_embedding_span(
+            state, request.headers, arrival_s, service.name, len(token_ids), num_tokens, error
+        )
 
 
 async def _embed(

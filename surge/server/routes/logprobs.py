@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from surge.engine.request import TokenLogprob
-from surge.models.tokenizer import Tokenizer
+from surge.engine.client.outputs import TokenLogprob
+from surge.models.formats.tokenizer import Tokenizer
 from surge.server.protocol_responses import (
     ChatChoiceLogProbs,
     ChatLogProb,
@@ -61,8 +61,10 @@ def prompt_logprobs_field(
             for rank, (t, lp) in enumerate(s.top, start=1)
         }
         entry[str(token_id)] = {
-            "logprob": s.logprob, "rank": s.rank, "decoded_token": token_text(tok, token_id),
-        }  # fmt: skip
+            "logprob": s.logprob,
+            "rank": s.rank,
+            "decoded_token": token_text(tok, token_id),
+        }
         out.append(entry)
     return out
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from surge.engine.client import LoRAUpdateError
+from surge.engine.client.client import LoRAUpdateError
 from surge.server.errors import BadRequestError, NotFoundError
 from surge.server.openapi import LOOKUP
 from surge.server.state import ServerState, get_state

@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.responses import StreamingResponse
 
-from surge.engine.output_processor import SequenceDelta
-from surge.headers import RESPONSE_ID_HEADER
+from surge.engine.client.output_processor import SequenceDelta
+from surge.http.headers import RESPONSE_ID_HEADER
 from surge.server.errors import BadRequestError, SurgeHTTPError, error_body
 from surge.server.event_log import EventLog
 from surge.server.openai_responses import (
@@ -54,8 +54,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     owner = key_owner(request, state.config)
     store = state.responses.enabled and body.store is not False
     if body.background and not store:
-        raise BadRequestError("background needs store: a background response must be stored",
-                              param="background")  # fmt: skip
+        raise BadRequestError(
+            "background needs store: a background response must be stored", param="background"
+        )
     earlier = _previous(state, body.previous_response_id, owner)
     items = body.input_items()
     try:
@@ -80,8 +81,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         done = functools.partial(_finished, chat, body, model, rid, created, store)
         events = None
         if body.stream:
-            events = _Logged(_ResponseStream(chat, body, model, rid, created, store, save),
-                             state.streams.open(rid))  # fmt: skip
+            events = _Logged(
+                _ResponseStream(chat, body, model, rid, created, store, save),
+                state.streams.open(rid),
+            )
         task = asyncio.create_task(_in_background(chat, queued, done, save, events))
         state.background[rid] = task
 
@@ -91,8 +94,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
 
         task.add_done_callback(ended)
         if events is not None:  # this client reads the log like any later one: it may go
-            return StreamingResponse(events.log.follow(), media_type="text/event-stream",
-                                     headers=headers)  # fmt: skip
+            return StreamingResponse(
+                events.log.follow(), media_type="text/event-stream", headers=headers
+            )
         return JSONResponse(queued, headers=headers)
     if body.stream:
         stream = _ResponseStream(chat, body, model, rid, created, store, save).response()
@@ -130,8 +134,16 @@ class _Logged:
         """The closing events: the finished response (its `last` stores it), or the failure."""
         s = self.stream
         if cancelled:
-            self.log.extend([s.event("error", code="response_cancelled", param=None,
-                                     message="the response was cancelled")])  # fmt: skip
+            self.log.extend(
+                [
+                    s.event(
+                        "error",
+                        code="response_cancelled",
+                        param=None,
+                        message="the response was cancelled",
+                    )
+                ]
+            )
         elif failed is not None:
             self.log.extend([s.event("response.failed", response=failed)])
         else:
@@ -163,8 +175,11 @@ async def _in_background(
         failed = {**queued, "status": "failed", "error": error_body(e)["error"]}
     except Exception:  # never lose a background response to an unforeseen error
         log.exception("background response %s failed", queued["id"])
-        failed = {**queued, "status": "failed",
-                  "error": {"code": "server_error", "message": "internal error"}}  # fmt: skip
+        failed = {
+            **queued,
+            "status": "failed",
+            "error": {"code": "server_error", "message": "internal error"},
+        }
     if failed is not None:
         save(failed)
     if events is not None:
@@ -178,24 +193,31 @@ def _previous(state: ServerState, response_id: str | None, owner: str) -> list[d
     if response_id is None:
         return []
     if not state.responses.enabled:
-        raise BadRequestError("previous_response_id: this server stores no responses "
-                              "(--responses-store-max 0); send the conversation as input",
-                              param="previous_response_id")  # fmt: skip
+        raise BadRequestError(
+            "previous_response_id: this server stores no responses "
+            "(--responses-store-max 0); send the conversation as input",
+            param="previous_response_id",
+        )
     entry = state.responses.get(response_id, owner)
     if entry is None:
-        raise BadRequestError(f"Previous response with id '{response_id}' not found.",
-                              param="previous_response_id",
-                              code="previous_response_not_found")  # fmt: skip
+        raise BadRequestError(
+            f"Previous response with id '{response_id}' not found.",
+            param="previous_response_id",
+            code="previous_response_not_found",
+        )
     if entry.response["status"] not in ("completed", "incomplete"):
-        raise BadRequestError(f"Previous response with id '{response_id}' is "
-                              f"{entry.response['status']}, not finished.",
-                              param="previous_response_id")  # fmt: skip
+        raise BadRequestError(
+            f"Previous response with id '{response_id}' is "
+            f"{entry.response['status']}, not finished.",
+            param="previous_response_id",
+        )
     return entry.context
 
 
 def _usage(job: Job) -> dict[str, Any]:
-    return usage_body(job.num_prompt_tokens, job.num_completion_tokens,
-                      job.timing.num_cached_tokens)  # fmt: skip
+    return usage_body(
+        job.num_prompt_tokens, job.num_completion_tokens, job.timing.num_cached_tokens
+    )
 
 
 class _ResponseStream:
@@ -283,14 +305,26 @@ class _ResponseStream:
             part = {"type": "output_text", "text": "", "annotations": []}
             out += [
                 self.event("response.output_item.added", output_index=self._index, item=item),
-                self.event("response.content_part.added", item_id=item["id"],
-                            output_index=self._index, content_index=0, part=part),
-            ]  # fmt: skip
+                self.event(
+                    "response.content_part.added",
+                    item_id=item["id"],
+                    output_index=self._index,
+                    content_index=0,
+                    part=part,
+                ),
+            ]
         self.text += delta
         index = self.message
-        out.append(self.event("response.output_text.delta", item_id=self.items[index]["id"],
-                               output_index=index, content_index=0, delta=delta,
-                               logprobs=[]))  # fmt: skip
+        out.append(
+            self.event(
+                "response.output_text.delta",
+                item_id=self.items[index]["id"],
+                output_index=index,
+                content_index=0,
+                delta=delta,
+                logprobs=[],
+            )
+        )
         return out
 
     def _reasoning(self, delta: str) -> list[str]:
@@ -298,13 +332,22 @@ class _ResponseStream:
         if self.thought is None:
             self.items.append(reasoning_item(new_id("rs"), "", status="in_progress"))
             self.thought = self._index
-            out.append(self.event("response.output_item.added", output_index=self._index,
-                                   item=self.items[-1]))  # fmt: skip
+            out.append(
+                self.event(
+                    "response.output_item.added", output_index=self._index, item=self.items[-1]
+                )
+            )
         item = self.items[self.thought]
         item["content"][0]["text"] += delta
-        out.append(self.event("response.reasoning_text.delta", item_id=item["id"],
-                               output_index=self.thought, content_index=0,
-                               delta=delta))  # fmt: skip
+        out.append(
+            self.event(
+                "response.reasoning_text.delta",
+                item_id=item["id"],
+                output_index=self.thought,
+                content_index=0,
+                delta=delta,
+            )
+        )
         return out
 
     def _close_reasoning(self) -> list[str]:
@@ -314,10 +357,15 @@ class _ResponseStream:
         item = self.items[index] = {**self.items[index], "status": "completed"}
         text = item["content"][0]["text"]
         return [
-            self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
-                        content_index=0, text=text),
+            self.event(
+                "response.reasoning_text.done",
+                item_id=item["id"],
+                output_index=index,
+                content_index=0,
+                text=text,
+            ),
             self.event("response.output_item.done", output_index=index, item=item),
-        ]  # fmt: skip
+        ]
 
     def _close_message(self) -> list[str]:
         index = self.message
@@ -342,14 +390,22 @@ class _ResponseStream:
             call = ToolCall(function["name"], "", piece["id"])
             self.items.append(call_item(new_id("fc"), call, status="in_progress"))
             self.open_calls[piece["index"]] = len(self.items) - 1
-            out.append(self.event("response.output_item.added", output_index=self._index,
-                                   item=self.items[-1]))  # fmt: skip
+            out.append(
+                self.event(
+                    "response.output_item.added", output_index=self._index, item=self.items[-1]
+                )
+            )
         index = self.open_calls[piece["index"]]
         if function.get("arguments"):
             self.items[index]["arguments"] += function["arguments"]
-            out.append(self.event("response.function_call_arguments.delta",
-                                   item_id=self.items[index]["id"], output_index=index,
-                                   delta=function["arguments"]))  # fmt: skip
+            out.append(
+                self.event(
+                    "response.function_call_arguments.delta",
+                    item_id=self.items[index]["id"],
+                    output_index=index,
+                    delta=function["arguments"],
+                )
+            )
         return out
 
     def _close_calls(self) -> list[str]:
@@ -357,10 +413,14 @@ class _ResponseStream:
         for index in self.open_calls.values():
             item = self.items[index] = {**self.items[index], "status": "completed"}
             out += [
-                self.event("response.function_call_arguments.done", item_id=item["id"],
-                            output_index=index, arguments=item["arguments"]),
+                self.event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=index,
+                    arguments=item["arguments"],
+                ),
                 self.event("response.output_item.done", output_index=index, item=item),
-            ]  # fmt: skip
+            ]
         self.open_calls = {}
         return out
 
@@ -369,8 +429,11 @@ class _ResponseStream:
         for call in calls:
             self.items.append(call_item(new_id("fc"), call, status="in_progress"))
             self.open_calls[len(self.open_calls)] = len(self.items) - 1
-            out.append(self.event("response.output_item.added", output_index=self._index,
-                                   item=self.items[-1]))  # fmt: skip
+            out.append(
+                self.event(
+                    "response.output_item.added", output_index=self._index, item=self.items[-1]
+                )
+            )
         return out
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -381,8 +444,16 @@ class _ResponseStream:
 
     def _body(self, status: Any, usage: dict[str, Any] | None) -> dict[str, Any]:
         done = status != "in_progress"
-        return response_body(self.body, self.model, self.rid, self.created, status,
-                             self.items if done else [], usage, self.store)  # fmt: skip
+        return response_body(
+            self.body,
+            self.model,
+            self.rid,
+            self.created,
+            status,
+            self.items if done else [],
+            usage,
+            self.store,
+        )
 
     def event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.seq, **fields}

@@ -26,8 +26,9 @@ router = APIRouter()
 @router.post("/v1/score", responses=ADMITTED)
 async def score(body: ScoreRequest, request: Request) -> Response:
     service = embedding_service(request, body.model)
-    embedded = await _embed_each_once(request, service, [t for pair in body.pairs() for t in pair],
-                                      body.truncate_prompt_tokens)  # fmt: skip
+    embedded = await _embed_each_once(
+        request, service, [t for pair in body.pairs() for t in pair], body.truncate_prompt_tokens
+    )
     if embedded is None:
         return Response(status_code=499)
     vectors, where, num_tokens = embedded
@@ -41,8 +42,9 @@ async def score(body: ScoreRequest, request: Request) -> Response:
 async def rerank(body: RerankRequest, request: Request) -> Response:
     service = embedding_service(request, body.model)
     documents = body.texts()
-    embedded = await _embed_each_once(request, service, [body.query, *documents],
-                                      body.truncate_prompt_tokens)  # fmt: skip
+    embedded = await _embed_each_once(
+        request, service, [body.query, *documents], body.truncate_prompt_tokens
+    )
     if embedded is None:
         return Response(status_code=499)
     vectors, where, num_tokens = embedded

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 
-from surge.headers import RESPONSE_ID_HEADER
+from surge.http.headers import RESPONSE_ID_HEADER
 from surge.server.errors import BadRequestError, NotFoundError
 from surge.server.openapi import LOOKUP, with_200
 from surge.server.response_store import StoredResponse
@@ -27,13 +27,15 @@ def _stored(request: Request, response_id: str) -> StoredResponse:
     state = get_state(request)
     entry = state.responses.get(response_id, key_owner(request, state.config))
     if entry is None:
-        raise NotFoundError(f"Response with id '{response_id}' not found.",
-                            code="response_not_found")  # fmt: skip
+        raise NotFoundError(
+            f"Response with id '{response_id}' not found.", code="response_not_found"
+        )
     return entry
 
 
-@router.get("/v1/responses/{response_id}", response_model=None,
-            responses=with_200(stream=True) | LOOKUP)  # fmt: skip
+@router.get(
+    "/v1/responses/{response_id}", response_model=None, responses=with_200(stream=True) | LOOKUP
+)
 async def get_response(
     response_id: str,
     request: Request,
@@ -47,14 +49,19 @@ async def get_response(
         return JSONResponse(entry.response, headers=headers)
     events = get_state(request).streams.get(response_id)
     if events is None:
-        raise BadRequestError("stream: only a background response created with stream: true "
-                              "can be streamed, and only while it runs or among the last "
-                              "finished ones", param="stream")  # fmt: skip
+        raise BadRequestError(
+            "stream: only a background response created with stream: true "
+            "can be streamed, and only while it runs or among the last "
+            "finished ones",
+            param="stream",
+        )
     if starting_after >= len(events.events) and events.closed:
-        raise BadRequestError(f"starting_after: the response has {len(events.events)} events",
-                              param="starting_after")  # fmt: skip
-    return StreamingResponse(events.follow(starting_after), media_type="text/event-stream",
-                             headers=headers)  # fmt: skip
+        raise BadRequestError(
+            f"starting_after: the response has {len(events.events)} events", param="starting_after"
+        )
+    return StreamingResponse(
+        events.follow(starting_after), media_type="text/event-stream", headers=headers
+    )
 
 
 @router.delete("/v1/responses/{response_id}", responses=LOOKUP)
@@ -74,11 +81,11 @@ async def cancel_response(response_id: str, request: Request) -> JSONResponse:
     state = get_state(request)
     entry = _stored(request, response_id)
     if not entry.response.get("background"):
-        raise BadRequestError("only a background response can be cancelled",
-                              param="response_id")  # fmt: skip
+        raise BadRequestError("only a background response can be cancelled", param="response_id")
     await _stop(state.background.get(response_id))
-    return JSONResponse(_stored(request, response_id).response,
-                        headers={RESPONSE_ID_HEADER: response_id})  # fmt: skip
+    return JSONResponse(
+        _stored(request, response_id).response, headers={RESPONSE_ID_HEADER: response_id}
+    )
 
 
 async def _stop(task: asyncio.Task[None] | None) -> None:
@@ -103,10 +110,16 @@ async def list_input_items(
     if after is not None:
         ids = [item["id"] for item in items]
         if after not in ids:
-            raise BadRequestError(f"after: no input item {after!r} in this response",
-                                  param="after")  # fmt: skip
+            raise BadRequestError(f"after: no input item {after!r} in this response", param="after")
         items = items[ids.index(after) + 1 :]
     page = items[:limit]
     first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
-    return JSONResponse({"object": "list", "data": page, "first_id": first, "last_id": last,
-                         "has_more": len(items) > limit})  # fmt: skip
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": first,
+            "last_id": last,
+            "has_more": len(items) > limit,
+        }
+    )

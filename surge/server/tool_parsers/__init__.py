@@ -31,5 +31,10 @@ def parser_for_template(template: str | None) -> type[ToolParser]:
 
 
 __all__ = [
-    "PARSERS", "PartialCall", "Reading", "ToolCallStream", "ToolParser", "parser_for_template",
-]  # fmt: skip
+    "PARSERS",
+    "PartialCall",
+    "Reading",
+    "ToolCallStream",
+    "ToolParser",
+    "parser_for_template",
+]

@@ -1,0 +1,119 @@
+"""The engine-core process: load the model, then loop: drain the inbox, step, send outputs.
+
+It blocks only when it has no work, so a step is never delayed by the HTTP side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+from surge.engine.client.protocol import (
+    Abort,
+    AddRequests,
+    Fatal,
+    LoadLoRA,
+    LoRAResult,
+    Outputs,
+    Ready,
+    RequestFailed,
+    Shutdown,
+    ToEngine,
+    UnloadLoRA,
+)
+from surge.engine.config import EngineConfig
+from surge.engine.core.calibrate import startup_samples
+from surge.engine.core.engine_core import EngineCore
+
+log = logging.getLogger(__name__)
+
+
+def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection) -> None:
+    """Process entry point. Exits when told to, when the API process goes away, or on error."""
+    # The API process handles Ctrl-C/SIGTERM and tells us to stop; don't die mid-step on them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=os.environ.get("SURGE_LOG_LEVEL", "INFO").upper())
+    try:
+        try:
+            engine = EngineCore(config)
+        except (ValueError, OSError) as e:  # a bad or unreadable model: one line, no traceback
+            log.error("engine could not start: %s", e)
+            with contextlib.suppress(OSError, BrokenPipeError):
+                outbox.send(Fatal(str(e)))
+            raise SystemExit(1) from None
+        # Before Ready: admission needs the step costs for a first burst.
+        step_samples = startup_samples(engine, config.scheduler.calibration)
+        outbox.send(
+            Ready(
+                model_path=str(engine.files.path),
+                max_model_len=engine.max_model_len,
+                vocab_size=engine.files.spec.vocab_size,
+                dtype=str(engine.precision.dtype).removeprefix("torch."),
+                device=str(engine.precision.device),
+                num_blocks=engine.plan.num_blocks,
+                block_size=engine.plan.block_size,
+                lora_adapters=engine.list_loras(),
+                max_loras=engine.config.lora.max_loras if engine.loras is not None else 0,
+                step_samples=step_samples,
+            )
+        )
+        _loop(engine, inbox, outbox)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        return  # the API process is gone
+    except Exception:
+        message = traceback.format_exc()
+        log.error("engine core died:\n%s", message)
+        with contextlib.suppress(OSError, BrokenPipeError):
+            outbox.send(Fatal(message))
+        raise SystemExit(1) from None
+
+
+def _loop(engine: EngineCore, inbox: Connection, outbox: Connection) -> None:
+    while True:
+        # Block for a message only when idle; otherwise take what arrived and step.
+        if not engine.has_work() or inbox.poll():
+            idle_since = time.perf_counter()
+            msg: ToEngine = inbox.recv()
+            engine.wait_time_s += time.perf_counter() - idle_since  # blocked: no work
+            if _handle(engine, msg, outbox):
+                return
+            while inbox.poll():
+                if _handle(engine, inbox.recv(), outbox):
+                    return
+        if engine.has_work():
+            outputs = engine.step()
+            outbox.send(Outputs(outputs, engine.stats()))
+        else:
+            outbox.send(Outputs([], engine.stats()))  # fresh gauges after aborts
+
+
+def _handle(engine: EngineCore, msg: ToEngine, outbox: Connection) -> bool:
+    """Apply one message; True means shut down."""
+    if isinstance(msg, AddRequests):
+        for creq in msg.requests:
+            try:
+                engine.add_request(creq)
+            except ValueError as e:
+                outbox.send(RequestFailed(creq.req_id, str(e)))
+    elif isinstance(msg, Abort):
+        for req_id in msg.req_ids:
+            engine.abort(req_id)
+    elif isinstance(msg, LoadLoRA | UnloadLoRA):
+        error = None
+        try:
+            if isinstance(msg, LoadLoRA):
+                engine.add_lora(msg.name, msg.path)
+            else:
+                engine.remove_lora(msg.name)
+        except ValueError as e:
+            error = str(e)
+        outbox.send(LoRAResult(msg.call_id, error, engine.list_loras()))
+    elif isinstance(msg, Shutdown):
+        return True
+    return False
