@@ -1,4 +1,4 @@
-"""mkdocs hooks: the README becomes the site's home page and BENCHMARKS.md one of its pages.
+"""mkdocs hooks: the README becomes the site's home page, BENCHMARKS.md and its history pages.
 
 Both stay where a reader of the repository finds them (its root); here their links are
 rewritten to the site's paths, and the docs pages' links to them (`../BENCHMARKS.md`) too.
@@ -12,12 +12,17 @@ from typing import Any
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).parent
-FROM_ROOT = {"README.md": "index.md", "BENCHMARKS.md": "benchmarks.md"}
+FROM_ROOT = {
+    "README.md": "index.md",
+    "BENCHMARKS.md": "benchmarks.md",
+    "benchmarks/history/2026-12-passes.md": "benchmarks-history.md",
+}
 
 
 def _root_page(text: str) -> str:
-    """A root file's links as seen from docs/: `docs/x.md` -> `x.md`, the other root file."""
-    text = text.replace("](docs/", "](")
+    """A root file's links as seen from docs/: `docs/x.md` -> `x.md`, the other root files."""
+    text = text.replace("](docs/", "](").replace("](../../docs/", "](")
+    text = text.replace("](../../BENCHMARKS.md", "](benchmarks.md")
     for src, uri in FROM_ROOT.items():
         text = text.replace(f"]({src}", f"]({uri}")
     return text

@@ -6,8 +6,9 @@ One `surge serve` (SmolLM2 by default), every phase in the same run, the same re
 batch lines:
 
 1. Capacity: a closed loop of --capacity-clients streams for --capacity-duration seconds. The
-   engine's measured capacity C is its own generation-token counter (vllm:generation_tokens_total)
-   over that time: tokens/s with the engine saturated by these requests.
+   engine's measured capacity C is the output tokens/s of that loop (the engine saturated by
+   these requests); the engine's own counter (vllm:generation_tokens_total) over the same
+   seconds is printed beside it as a check.
 2. Baseline: a sinusoidal interactive load (open loop, Poisson, rate from --base to --peak of
    the capacity's requests/s, one period per run) for --duration seconds: TTFT p99, interactive
    output tokens/s I0.
@@ -130,17 +131,13 @@ def wait_for(
 
 
 def valleys(url: str, args: argparse.Namespace, path: str | None) -> dict[str, Any]:
-    g0, t0 = metric(url, "vllm:generation_tokens_total"), time.monotonic()
+    g0 = metric(url, "vllm:generation_tokens_total")
     cap = bench(
-        url,
-        args,
-        path,
-        concurrency=args.capacity_clients,
-        duration_s=args.capacity_duration,
-        drain_s=30.0,
-        num_warmup=2,
-    )
-    capacity_tok_s = (metric(url, "vllm:generation_tokens_total") - g0) / (time.monotonic() - t0)
+        url, args, path, concurrency=args.capacity_clients,
+        duration_s=args.capacity_duration, drain_s=30.0,
+    )  # fmt: skip
+    engine_tok_s = (metric(url, "vllm:generation_tokens_total") - g0) / cap.duration_s
+    capacity_tok_s = cap.output_tok_s
     cap_rps = cap.request_rps
     load = ArrivalConfig(
         "sinusoid",
@@ -162,6 +159,7 @@ def valleys(url: str, args: argparse.Namespace, path: str | None) -> dict[str, A
     p99 = (alone.ttft.p99 or 0.0, shared.ttft.p99 or 0.0)
     return {
         "capacity_tok_s": capacity_tok_s,
+        "capacity_engine_counter_tok_s": engine_tok_s,
         "capacity_rps": cap_rps,
         "sinusoid_rps": [load.base_rps, load.peak_rps, load.period_s],
         "ttft_p99_s": {"without_batch": p99[0], "with_batch": p99[1]},

@@ -70,8 +70,8 @@ def main() -> None:
                     after = llm.engine.stats()
                     rates[k].append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
                     texts[k] = [o.outputs[0].text for o in outs]
-                    drafted = after.spec_draft_tokens - before.spec_draft_tokens
-                    hits = after.spec_accepted_tokens - before.spec_accepted_tokens
+                    drafted = after.spec.draft_tokens - before.spec.draft_tokens
+                    hits = after.spec.accepted_tokens - before.spec.accepted_tokens
                     accepted[k] = hits / drafted if drafted else 0.0
             base = statistics.median(rates[0])
             for k, r in rates.items():

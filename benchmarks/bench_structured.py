@@ -60,11 +60,11 @@ processors_module.apply_token_bitmask_ = _timed(processors_module.apply_token_bi
 
 def run(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[float, int, list[str]]:
     """(seconds per engine step, steps, texts)."""
-    steps0 = llm.engine.stats().num_steps
+    steps0 = llm.engine.stats().steps.num_steps
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t0
-    steps = llm.engine.stats().num_steps - steps0
+    steps = llm.engine.stats().steps.num_steps - steps0
     return elapsed / steps, steps, [o.outputs[0].text for o in outs]
 
 

@@ -88,10 +88,13 @@ class ServerProcess:
         # Named apart from later processes given the same port (their logs would overwrite).
         self.log_path = log_dir() / f"surge-test-{self.port}-{time.time_ns()}.log"
         self._log = self.log_path.open("wb")
+        # The Batch API's state beside the log, not in the user's state folder (a test's own
+        # --data-dir, later in `args`, wins).
+        data = self.log_path.with_suffix(".batch")
         cmd = [
             sys.executable, "-m", "surge.cli", "serve", "--model", str(model),
             "--host", host, "--port", str(self.port), "--served-model-name", "test-model",
-            "--kv-cache-memory-gib", "0.25", *args,
+            "--kv-cache-memory-gib", "0.25", "--data-dir", str(data), *args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
         self._wait_ready(startup_timeout_s)

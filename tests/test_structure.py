@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -248,3 +249,16 @@ def test_api_process_imports_no_torch(module: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
+def test_environment_is_read_in_one_place() -> None:
+    """surge/config/settings.py reads the environment; others ask it (the one other read is the
+    kernels' build putting the venv's ninja first on PATH)."""
+    read = re.compile(r"os\.environ\.get\(|os\.getenv\(|os\.environ\[[^\]]+\](?!\s*=)")
+    bad = []
+    for path in (ROOT / "surge").rglob("*.py"):
+        rel = str(path.relative_to(ROOT))
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if read.search(line) and rel != "surge/config/settings.py" and '"PATH"' not in line:
+                bad.append(f"{rel}:{n}: {line.strip()}")
+    assert not bad, bad

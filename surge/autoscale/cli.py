@@ -25,6 +25,7 @@ from surge.autoscale.history import add_history_flags, history_config, load_hist
 from surge.autoscale.observe import add_observe_flags, observed_provider
 from surge.autoscale.providers.base import Provider, ReplicaStartError, wait_healthy
 from surge.autoscale.providers.local import LocalProcessProvider, LocalProviderConfig
+from surge.config.settings import settings
 from surge.observability.autoscaler_metrics import AutoscalerMetrics
 
 log = logging.getLogger("surge.autoscale")
@@ -45,8 +46,35 @@ _FLAGS: dict[str, tuple[str, type, str]] = {
     "--interval": ("interval_s", float, "seconds between decisions"),
     "--scale-up-window": ("scale_up_window_s", float, "seconds a higher need must last"),
     "--scale-down-window": ("scale_down_window_s", float, "seconds a lower need must last"),
-    "--max-scale-up-step": ("max_scale_up_step", int, "replicas added per decision"),
-    "--max-scale-down-step": ("max_scale_down_step", int, "replicas drained per decision"),
+    "--max-scale-up-step": ("max_scale_up_step", int, "replicas added per decision (period)"),
+    "--max-scale-down-step": (
+        "max_scale_down_step",
+        int,
+        "replicas drained per decision (period)",
+    ),
+    "--scale-period": (
+        "scale_period_s",
+        float,
+        "the steps and percents bound each period this long (HPA's periodSeconds); 0: each "
+        "decision",
+    ),
+    "--max-scale-up-percent": (
+        "max_scale_up_percent",
+        float,
+        "or this percent of the period's start, if more (0: the step alone)",
+    ),
+    "--max-scale-down-percent": (
+        "max_scale_down_percent",
+        float,
+        "or this percent of the period's start, if more (0: the step alone)",
+    ),
+    "--batch-margin": (
+        "batch_margin_s",
+        float,
+        "replicas for batch work only if it would not finish this many seconds before its "
+        "window closes",
+    ),
+    "--batch-window": ("batch_window_s", float, "seconds a batch's call for more must last"),
     "--forecast-horizon": ("forecast_horizon_s", float, "seconds ahead; 0 = no forecast"),
     "--forecaster": ("forecaster", str, "holt | seasonal | learned | none"),
     "--forecast-step": ("forecast_step_s", float, "seasonal, learned: seconds per history bin"),
@@ -94,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=300.0, help="seconds per replica")
     p.add_argument("--log-dir", default=None, help="replica logs (default: the temp folder)")
     p.add_argument("--gateway-arg", action="append", default=[], help="passed to `surge gateway`")
-    p.add_argument("--log-level", default=os.environ.get("SURGE_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-level", default=settings().log_level)
     add_observe_flags(p)
     add_history_flags(p)
     defaults = AutoscalerConfig()

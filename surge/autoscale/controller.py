@@ -146,11 +146,11 @@ class Autoscaler:
                 timeout_s = self.config.scrape_timeout_s
                 awaiting = await scrape_awaiting(client, self.gateway_url, timeout_s)
             # A batch at no replica never finishes: it would miss its window, so it wakes one.
-            batch = signals.batch.remaining
-            wanted = int(awaiting > 0 or batch > 0)
+            lines = signals.batch.remaining
+            wanted = int(awaiting > 0 or lines > 0)
             decision = Decision(
                 max(self.config.min_replicas, wanted),
-                f"activation: {awaiting:g} awaiting at the gateway, {batch:g} batch lines",
+                f"activation: {awaiting:g} awaiting at the gateway, {lines:g} batch lines",
                 {"activation": wanted},
             )
             target = decision.desired

@@ -38,10 +38,10 @@ def batch_replicas(
 
     Its lines run in what interactive traffic leaves, so a backlog alone is no reason to scale.
     Little's law sizes what it needs: finishing `remaining` lines `batch_margin_s` before the
-    window closes (or half-way to it, when later than that) takes remaining / time left lines
-    a second, so that many times a line's
-    time in an engine (in flight / completed per second) lines in flight; with the interactive
-    requests, sequences to hold at `target_ongoing_per_replica` a replica. Where the leftover
+    window closes (or half-way to it, when later than that) takes remaining / time left lines a
+    second, so that many times a line's time in an engine (in flight / completed per second)
+    lines in flight; with the interactive requests, sequences to hold at
+    `target_ongoing_per_replica` a replica. Where the leftover
     already holds them it asks for no more than the replicas there are (and keeps those the
     batch's pace needs: the valleys do not drain the replicas it runs on); where it would miss
     its window, the replicas that finish it in time. `line_s`: a line's time as measured over

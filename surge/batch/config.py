@@ -3,12 +3,12 @@ and the gateway's configs (their `surge serve` / `surge gateway` flags come from
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from surge.config.flags import flag
+from surge.config.settings import settings
 
 MIB = 1024 * 1024
 # Marks a request as a batch line (the runner sets it): the server runs it at BATCH_PRIORITY,
@@ -40,8 +40,7 @@ def parse_window(text: str) -> int:
 def default_data_dir(kind: str, port: int) -> Path:
     """$XDG_STATE_HOME/surge/batch/<kind>-<port> (else ~/.local/state/...): one folder per
     process, so that servers and a gateway on one host keep their batches apart."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "surge" / "batch" / f"{kind}-{port}"
+    return settings().state_home / "surge" / "batch" / f"{kind}-{port}"
 
 
 @dataclass(frozen=True, slots=True)

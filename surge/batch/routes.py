@@ -25,6 +25,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
+from surge.batch import openapi as O
 from surge.batch.config import ENDPOINTS, BatchConfig, parse_window
 from surge.batch.errors import (
     BatchBadRequest,
@@ -146,7 +147,7 @@ def _copy_checked(src: BinaryIO, dest: Path, config: BatchConfig) -> int:
     return check.bytes
 
 
-@router.post("/v1/files")
+@router.post("/v1/files", responses=O.UPLOAD, openapi_extra=O.UPLOAD_BODY)
 async def create_file(request: Request) -> JSONResponse:
     service, astore = _service(request)
     owner, config = _owner(request), service.config
@@ -185,7 +186,7 @@ async def create_file(request: Request) -> JSONResponse:
     return JSONResponse(file_object(row))
 
 
-@router.get("/v1/files")
+@router.get("/v1/files", responses=O.READ, openapi_extra=O.LIST_FILES)
 async def list_files(request: Request) -> JSONResponse:
     _, astore = _service(request)
     q = request.query_params
@@ -211,12 +212,12 @@ async def _file(request: Request, file_id: str) -> Any:
     return row
 
 
-@router.get("/v1/files/{file_id}")
+@router.get("/v1/files/{file_id}", responses=O.READ)
 async def retrieve_file(request: Request, file_id: str) -> JSONResponse:
     return JSONResponse(file_object(await _file(request, file_id)))
 
 
-@router.get("/v1/files/{file_id}/content")
+@router.get("/v1/files/{file_id}/content", responses=O.CONTENT)
 async def file_content(request: Request, file_id: str) -> FileResponse:
     row = await _file(request, file_id)
     service, _ = _service(request)
@@ -227,7 +228,7 @@ async def file_content(request: Request, file_id: str) -> FileResponse:
     return FileResponse(path, media_type="application/jsonl", filename=row.filename)
 
 
-@router.delete("/v1/files/{file_id}")
+@router.delete("/v1/files/{file_id}", responses=O.WRITE)
 async def delete_file(request: Request, file_id: str) -> JSONResponse:
     _, astore = _service(request)
     if not await _stored(astore, astore.store.delete_file, _owner(request), file_id):
@@ -256,7 +257,7 @@ def _metadata(value: Any) -> dict[str, str] | None:
     return dict(value)
 
 
-@router.post("/v1/batches")
+@router.post("/v1/batches", responses=O.CREATE, openapi_extra=O.BATCH_BODY)
 async def create_batch(request: Request) -> JSONResponse:
     service, astore = _service(request)
     try:
@@ -310,7 +311,7 @@ async def create_batch(request: Request) -> JSONResponse:
     return JSONResponse(batch_object(batch))
 
 
-@router.get("/v1/batches")
+@router.get("/v1/batches", responses=O.READ, openapi_extra=O.LIST_BATCHES)
 async def list_batches(request: Request) -> JSONResponse:
     _, astore = _service(request)
     rows, more = await astore.call(
@@ -322,7 +323,7 @@ async def list_batches(request: Request) -> JSONResponse:
     return JSONResponse(page([batch_object(b) for b in rows], more))
 
 
-@router.get("/v1/batches/{batch_id}")
+@router.get("/v1/batches/{batch_id}", responses=O.READ)
 async def retrieve_batch(request: Request, batch_id: str) -> JSONResponse:
     _, astore = _service(request)
     batch = await astore.call(astore.store.get_batch, _owner(request), batch_id)
@@ -331,7 +332,7 @@ async def retrieve_batch(request: Request, batch_id: str) -> JSONResponse:
     return JSONResponse(batch_object(batch))
 
 
-@router.post("/v1/batches/{batch_id}/cancel")
+@router.post("/v1/batches/{batch_id}/cancel", responses=O.WRITE)
 async def cancel_batch(request: Request, batch_id: str) -> JSONResponse:
     service, astore = _service(request)
     batch = await _stored(astore, astore.store.request_cancel, _owner(request), batch_id, _now())

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -101,6 +103,21 @@ class BatchService:
         """Something changed (a new batch, a cancel): look now rather than at the next tick."""
         if self.runner is not None:
             self.runner.wake.set()
+
+    def summary(self) -> dict[str, Any]:
+        """The figures /v1/dashboard/state and `surge top` show."""
+        f = self.figures
+        return {
+            "available": self.astore is not None,
+            "error": self.error,
+            "storage_ok": f.storage_ok,
+            "lines": dict(f.lines),
+            "batches": dict(f.batches),
+            "tokens_total": f.tokens,
+            "lines_per_second": f.lines_per_second(time.monotonic()),
+            "window_seconds_left": f.window_left_s,
+            "concurrency_limit": f.concurrency_limit,
+        }
 
     async def stop(self) -> None:
         """Stop running lines (those in flight run again at the next start)."""

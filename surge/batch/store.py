@@ -221,19 +221,15 @@ class Store:
 
     @staticmethod
     def _batch(r: tuple[Any, ...]) -> BatchRow:
+        bid, owner, endpoint, input_file_id, window, status, created, expires = r[:8]
         times, out, err, total, completed, failed, metadata, errors = r[8:16]
+        prompt, completion, cached, invalid = r[16:]
         return BatchRow(
-            *r[:8],
-            json.loads(times),
-            out,
-            err,
-            total,
-            completed,
-            failed,
-            json.loads(metadata) if metadata else None,
-            json.loads(errors),
-            *r[16:],
-        )
+            bid, owner, endpoint, input_file_id, window, status, created, expires,
+            json.loads(times), out, err, total, completed, failed,
+            json.loads(metadata) if metadata else None, json.loads(errors), prompt, completion,
+            cached, invalid,
+        )  # fmt: skip
 
     def create_batch(
         self,

@@ -1,4 +1,4 @@
-"""`surge` command line: argparse -> config dataclasses. The only reader of the environment."""
+"""`surge` command line: argparse -> config dataclasses (environment: config/settings.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from surge.cli.serve import add_server_args, server_config
 from surge.config.flags import add_config_args, config_from_args
+from surge.config.settings import settings
 from surge.engine.config import EngineConfig
 
 # torch.compile's graphs (--compile): inductor's own default cache is under /tmp, gone at
@@ -139,7 +140,7 @@ def _delegated(argv: Sequence[str]) -> int | None:
 def build_parser() -> argparse.ArgumentParser:
     """`surge`'s parser (bench, gateway, autoscale and top parse their own arguments)."""
     parser = argparse.ArgumentParser(prog="surge", description="Serve LLMs to many users at once.")
-    parser.add_argument("--log-level", default=os.environ.get("SURGE_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", default=settings().log_level)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("bench", help="load generator for any OpenAI-compatible server (surge bench -h)")
     sub.add_parser("gateway", help="one address for many servers (surge gateway -h)")

@@ -117,6 +117,9 @@ def render(state: dict[str, Any], url: str, view: View, slo: tuple[float, float]
             f"{_num(a.get('ready'), '{:.0f}')}  forecast "
             f"{_num(a.get('forecast_rps'), '{:.2f}')} req/s"
         )
+    batch = state.get("batch")
+    if batch:
+        head.append(_batch_line(batch))
     kind = b.get("kind", "?")
     line = Text("\nbottleneck: ")
     line.append(kind.upper(), style="green bold" if kind in _CALM else "yellow bold")
@@ -160,6 +163,19 @@ def render(state: dict[str, Any], url: str, view: View, slo: tuple[float, float]
             Text(r["bottleneck"], style=kind_style),
         )
     return Group(head, line, table)
+
+
+def _batch_line(batch: dict[str, Any]) -> str:
+    """The Batch API's lines (surge/batch), or why it is unavailable."""
+    if not batch.get("available") or not batch.get("storage_ok", True):
+        return f"\nbatch: unavailable ({batch.get('error') or 'storage'})"
+    lines, left = batch.get("lines") or {}, batch.get("window_seconds_left")
+    return (
+        f"\nbatch: {lines.get('pending', 0)} pending  {lines.get('in_flight', 0)} in flight "
+        f"(limit {batch.get('concurrency_limit', 0)})  {lines.get('completed', 0)} done  "
+        f"{lines.get('failed', 0)} failed  {_num(batch.get('lines_per_second'), '{:.2f}')} "
+        f"lines/s  window left {'–' if left is None else f'{left / 60:.0f} min'}"
+    )
 
 
 def _pct(state: dict[str, Any]) -> float | None:

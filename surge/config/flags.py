@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from surge.config.settings import env_value
 
 FLAG = "surge.flag"
 GROUP = "surge.group"
@@ -163,7 +164,7 @@ def _cli_default(leaf: Leaf) -> Any:
     else:
         value = _field_default(leaf.field)
     if fl.env is not None and not leaf.is_many:
-        value = os.environ.get(fl.env, value)
+        value = env if (env := env_value(fl.env)) is not None else value
     return value
 
 
@@ -189,8 +190,8 @@ def leaf_value(leaf: Leaf, args: argparse.Namespace) -> Any:
     fl = leaf.flag
     if fl.negate:
         value = not value
-    if leaf.is_many and not value and fl.env and os.environ.get(fl.env):
-        value = [os.environ[fl.env]]
+    if leaf.is_many and not value and fl.env and (env := env_value(fl.env)):
+        value = [env]
     if fl.to_field is not None:
         return fl.to_field(value)
     if leaf.is_many:

@@ -54,9 +54,9 @@ class ModelConfig:
             choices=DTYPES,
         ),
     )
-    device: str = field(default="auto", metadata=flag())  # auto | cpu | cuda | cuda:N
-    max_model_len: int | None = field(default=None, metadata=flag())  # None: the model's own
-    seed: int = field(default=0, metadata=flag())  # seeds random requests that carry no seed
+    device: str = field(default="auto", metadata=flag("auto | cpu | cuda | cuda:N"))
+    max_model_len: int | None = field(default=None, metadata=flag("None: the model's own"))
+    seed: int = field(default=0, metadata=flag("seeds random requests that carry no seed"))
     # compiled CPU attention kernels (built on first use; torch fallback)
     use_kernels: bool = field(
         default=True,
@@ -180,9 +180,10 @@ CALIBRATION_MODES = ("cached", "measure", "off")
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    max_num_seqs: int = field(default=256, metadata=flag())  # cap on running requests
-    # token budget of one step (prefill chunks + decodes)
-    max_num_batched_tokens: int = field(default=512, metadata=flag())
+    max_num_seqs: int = field(default=256, metadata=flag("cap on running requests"))
+    max_num_batched_tokens: int = field(
+        default=512, metadata=flag("token budget of one step (prefill chunks + decodes)")
+    )
     # one of SCHEDULING_POLICIES (engine/core/policies.py explains each)
     policy: str = field(
         default="fcfs",
@@ -275,10 +276,12 @@ class LoRAConfig:
 
     # implied by `adapters`; alone: adapters come at run time
     enable_lora: bool = field(default=False, metadata=flag("implied by --lora-modules"))
-    # adapters resident at once, each in its own slot
-    max_loras: int = field(default=4, metadata=flag("adapters resident at once"))
-    # slots are sized for this rank; larger adapters are refused
-    max_lora_rank: int = field(default=16, metadata=flag())
+    max_loras: int = field(
+        default=4, metadata=flag("adapters resident at once, each in its own slot")
+    )
+    max_lora_rank: int = field(
+        default=16, metadata=flag("slots are sized for this rank; larger adapters are refused")
+    )
     # (name, PEFT folder) loaded at start
     adapters: tuple[tuple[str, str], ...] = field(
         default=(),

@@ -120,9 +120,13 @@ class BatchQueue:
     (preempted, or on a drained replica: they run again, from the start)."""
 
     def __init__(self, specs: tuple[BatchSpec, ...], duration_s: float) -> None:
+        for spec in specs:
+            if not spec.jobs(duration_s):
+                raise ValueError(
+                    f"batch: no window closes within --duration {duration_s:g} s "
+                    f"(at {spec.at_s:g} s + window {spec.window_s:g} s)"
+                )
         self.jobs = sorted((j for s in specs for j in s.jobs(duration_s)), key=lambda j: j.submit_s)
-        if specs and not self.jobs:
-            raise ValueError("batch: no window closes within --duration (shorten it or the at)")
         self._due = 0  # jobs[:_due] are submitted
         self.active: list[Job] = []  # submitted, unfinished: by deadline
         self.pending = 0.0

@@ -21,8 +21,9 @@ The same Controller (the autoscaler's decide.py and a forecaster) decides every 
 the same signals the per-request mode gives it. A drained replica takes its share of the
 requests in service with it (it finishes them out of the rotation, as in the per-request mode)
 and hands its share of batch lines back. Batch lines (surge/fleetsim/batch.py) fill the slots
-up to run.batch_fill per replica while no interactive request waits, and yield (preempted,
-back to the queue) when interactive requests need the slots.
+up to run.batch_fill per replica (the mean over the step, as c) while no interactive request
+waits, and yield when interactive requests need the slots: the newest go back to the queue
+(the least work lost, as an engine chooses), to run again from the start.
 """
 
 from __future__ import annotations
@@ -73,8 +74,25 @@ class _Lines:
                 del self.leaving[key], self.jobs[key]
         self.total = max(0.0, self.total)
 
+    def preempt(self, n: float, k: int, batch: BatchQueue) -> None:
+        """The n newest lines (those leaving last) go back to the queue: an engine preempts
+        the sequences with the least work done first."""
+        newest_first = (k + np.arange(self.ring - 1, 0, -1)) % self.ring
+        for key, ring in self.leaving.items():  # job by job, each its newest first
+            if n <= 1e-12:
+                break
+            held = ring[newest_first]
+            before = np.concatenate(([0.0], np.cumsum(held)[:-1]))  # newer than each slot
+            back = np.clip(n - before, 0.0, held)
+            ring[newest_first] = held - back
+            taken = float(back.sum())
+            batch.give_back(self.jobs[key], taken)
+            self.total -= taken
+            n -= taken
+        self.total = max(0.0, self.total)
+
     def hand_back(self, share: float, batch: BatchQueue) -> None:
-        """A share of every line in service goes back to the queue (preempted or drained)."""
+        """A share of every line in service goes back to the queue (a drained replica's)."""
         for key, ring in self.leaving.items():
             back = ring * share
             ring -= back
@@ -158,21 +176,21 @@ def simulate_fluid(
         ahead = in_service + waiting - slots  # queue positions before this step's arrivals
         admitted = max(0.0, min(waiting + arrivals, slots - in_service))
         waiting += arrivals - admitted
-        if batch is not None:
-            over = in_service + admitted + lines.total - slots
-            if over > 1e-9:  # interactive requests take the slots of batch lines
-                lines.hand_back(min(1.0, over / lines.total), batch)
         # The mean in service over the step: those leaving at its end half of it.
         mean = in_service - leaving[(k + 1) % ring] / 2 + admitted * _occupancy(s_last)
         in_service += admitted
-        if batch is not None and waiting <= 1e-9 and batch.pending > 0 and now < run.duration_s:
-            room = ready * fill - in_service - lines.total
+        if batch is not None:
+            over = mean + lines.total - slots
+            if over > 1e-9:  # interactive requests take the slots of batch lines
+                lines.preempt(over, k, batch)
+        if batch is not None and waiting <= 1e-6 and batch.pending > 0 and now < run.duration_s:
+            room = ready * fill - mean - lines.total
             if room > 1e-9:
                 c_line = max((mean + lines.total + room) / ready, 1.0)
                 ttft_line, tpot_line = profile.ttft(c_line), profile.tpot(c_line)
-                for job, n in batch.take(room):
+                for job, count in batch.take(room):
                     took = line_seconds(ttft_line, tpot_line, job.tokens)
-                    lines.add(job, n, k, took / step_s)
+                    lines.add(job, count, k, took / step_s)
         c = max((mean + lines.total) / ready, 1.0)
         e2e = profile.e2e(c)
         s_last = e2e / step_s

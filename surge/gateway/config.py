@@ -231,8 +231,9 @@ class PrefixConfig:
             "leave the cached upstream when its load exceeds the least loaded by more than this ..."
         ),
     )
-    # by more than balance_abs AND by more than this factor
-    balance_rel: float = field(default=1.5, metadata=flag("... and by more than this factor"))
+    balance_rel: float = field(
+        default=1.5, metadata=flag("by more than balance_abs AND by more than this factor")
+    )
 
     def __post_init__(self) -> None:
         _at_least("chunk_chars", self.chunk_chars, 16)

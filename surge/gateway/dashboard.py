@@ -165,4 +165,7 @@ def install(app: FastAPI, pool: UpstreamPool, autoscaler_url: str | None) -> Non
 
     @app.get("/v1/dashboard/state")
     async def dashboard_state() -> JSONResponse:
-        return JSONResponse(await view.state())
+        state = await view.state()
+        batch = getattr(app.state, "batch", None)  # the gateway's own Batch API (surge/batch)
+        state["batch"] = batch.summary() if batch is not None else None
+        return JSONResponse(state)

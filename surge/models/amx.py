@@ -30,7 +30,6 @@ The choice is process-wide (every kernel module), and logged.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -38,6 +37,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from surge.config.settings import settings
 from surge.models import kernels
 from surge.models.device import cpu_flags
 from surge.models.kernels import load_w8a8_linear
@@ -140,7 +140,7 @@ def measure(
 
 def configure(model: nn.Module, mode: str | None = None) -> AmxChoice:
     """Chooses and sets the engine for `model`'s int8 projections ($SURGE_AMX by default)."""
-    mode = mode or os.environ.get("SURGE_AMX", "auto") or "auto"
+    mode = mode or settings().amx
     if mode not in MODES:
         raise ValueError(f"SURGE_AMX={mode!r}: one of {', '.join(MODES)}")
     choice = _choose(model, mode)

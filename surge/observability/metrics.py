@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from operator import attrgetter
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -14,7 +15,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from surge.engine.client.outputs import EngineStats
+from surge.engine.stats import EngineStats
 
 # Bucket edges copied from vLLM so quantiles compare across the two servers.
 OVERHEAD_BUCKETS: tuple[float, ...] = (
@@ -37,20 +38,28 @@ ITERATION_TOKEN_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 N_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20)
 
-# Engine counters mirrored from EngineStats' cumulative fields: (field, metric name, help).
+# Engine counters mirrored from EngineStats' cumulative parts: (part.field, metric name, help).
 _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("prefix_cache_queries", "vllm:prefix_cache_queries", "Prefix cache queries, in tokens."),
-    ("prefix_cache_hits", "vllm:prefix_cache_hits", "Prefix cache hits, in tokens."),
-    ("num_preemptions", "vllm:num_preemptions", "Cumulative number of preemptions."),
-    ("prompt_tokens", "vllm:prompt_tokens", "Number of prefill tokens processed."),
-    ("generation_tokens", "vllm:generation_tokens", "Number of generation tokens processed."),
-    ("spec_num_drafts", "vllm:spec_decode_num_drafts", "Speculative drafts verified."),
-    ("spec_draft_tokens", "vllm:spec_decode_num_draft_tokens", "Draft tokens verified."),
-    ("spec_accepted_tokens", "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."),
-    ("step_time_s", "surge:engine_step_seconds", "Engine time in steps (computing), seconds."),
-    ("wait_time_s", "surge:engine_wait_seconds", "Engine time blocked waiting for work, seconds."),
+    ("prefix_cache.queries", "vllm:prefix_cache_queries", "Prefix cache queries, in tokens."),
+    ("prefix_cache.hits", "vllm:prefix_cache_hits", "Prefix cache hits, in tokens."),
+    ("scheduler.num_preemptions", "vllm:num_preemptions", "Cumulative number of preemptions."),
+    ("steps.prompt_tokens", "vllm:prompt_tokens", "Number of prefill tokens processed."),
+    ("steps.generation_tokens", "vllm:generation_tokens", "Number of generation tokens processed."),
+    ("spec.num_drafts", "vllm:spec_decode_num_drafts", "Speculative drafts verified."),
+    ("spec.draft_tokens", "vllm:spec_decode_num_draft_tokens", "Draft tokens verified."),
+    ("spec.accepted_tokens", "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."),
     (
-        "num_blocked_on_kv",
+        "steps.step_time_s",
+        "surge:engine_step_seconds",
+        "Engine time in steps (computing), seconds.",
+    ),
+    (
+        "steps.wait_time_s",
+        "surge:engine_wait_seconds",
+        "Engine time blocked waiting for work, seconds.",
+    ),
+    (
+        "scheduler.num_blocked_on_kv",
         "surge:engine_kv_blocked_admissions",
         "Admissions stopped for want of KV blocks (a step's admissions end there).",
     ),
@@ -309,7 +318,7 @@ class ServerMetrics:
         self.prefix_cache_blocks.labels(name).set(stats.prefix_cache_blocks)
         with self._lock:
             for field, counter in self.engine_counters.items():
-                value: float = getattr(stats, field)
+                value: float = attrgetter(field)(stats)
                 last = self._last_engine[field]
                 # A lower value means the engine restarted from zero: all of it is new.
                 delta = value - last if value >= last else value
@@ -329,7 +338,7 @@ class ServerMetrics:
                     ",".join(stats.lora_waiting),
                     str(stats.max_loras),
                 ).set_to_current_time()
-            for tenant, value in stats.tenant_tokens.items():
+            for tenant, value in stats.scheduler.tenant_tokens.items():
                 last = self._last_tenant_tokens.get(tenant, 0)
                 delta = value - last if value >= last else value
                 if delta > 0 and tenant:

@@ -16,7 +16,6 @@ run a gateway and a server in one process without their spans mixing.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from surge.config.flags import flag
+from surge.config.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +39,12 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 
 def endpoint_from_env() -> str | None:
     """The default for `--otlp-traces-endpoint`: OpenTelemetry's own variables."""
-    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    if traces:
-        return traces
-    return os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or None
+    return settings().otlp_traces_endpoint
 
 
 def protocol_from_env() -> str:
     """The default for `--otlp-traces-protocol`: OpenTelemetry's variables, else HTTP."""
-    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        if value := os.environ.get(name):
-            return value
-    return "http/protobuf"
+    return settings().otlp_traces_protocol or "http/protobuf"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +122,7 @@ class Tracing:
                 "tracing needs the OpenTelemetry SDK and OTLP exporter: "
                 "pip install 'surge[tracing]'"
             ) from e
-        attributes = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or config.service_name}
+        attributes = {"service.name": settings().otel_service_name or config.service_name}
         if config.instance_id:
             attributes["service.instance.id"] = config.instance_id
         # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), default parent-based always-on;

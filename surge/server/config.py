@@ -78,10 +78,12 @@ class AuthConfig:
 
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
-    # waiting in the engine + accepted not yet seen by it
-    max_queued_requests: int = field(default=1024, metadata=flag())
-    # prompt tokens waiting; None: no token bound
-    max_queued_tokens: int | None = field(default=None, metadata=flag())
+    max_queued_requests: int = field(
+        default=1024, metadata=flag("waiting in the engine + accepted not yet seen by it")
+    )
+    max_queued_tokens: int | None = field(
+        default=None, metadata=flag("prompt tokens waiting; None: no token bound")
+    )
     max_queued_requests_per_tenant: int | None = field(
         default=None,
         metadata=flag("queued requests one tenant may hold (default: only the shared bound)"),
@@ -100,8 +102,9 @@ class AdmissionConfig:
             name="max-queue-wait",
         ),
     )
-    # per API key (or client) rate limits
-    requests_per_minute: int | None = field(default=None, metadata=flag("per API key"))
+    requests_per_minute: int | None = field(
+        default=None, metadata=flag("per API key (or client) rate limits")
+    )
     tokens_per_minute: int | None = field(default=None, metadata=flag("per API key"))
 
     def __post_init__(self) -> None:
@@ -139,8 +142,9 @@ class LimitsConfig:
 
 @dataclass(frozen=True, slots=True)
 class GenerationDefaults:
-    # None: up to the context length, as vLLM
-    default_max_tokens: int | None = field(default=None, metadata=flag())
+    default_max_tokens: int | None = field(
+        default=None, metadata=flag("None: up to the context length, as vLLM")
+    )
     # Defaults for the sampling fields a request leaves out: "auto" the model's own
     # (generation_config.json, a GGUF's general.sampling.*), "vllm" none, or a folder's file;
     # then these fields on top (--override-generation-config).

@@ -17,7 +17,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from surge.engine.client.client import AsyncEngineClient
-from surge.engine.client.outputs import EngineStats
+from surge.engine.stats import EngineStats
 from surge.observability.diagnosis import KINDS, Diagnoser, DiagnosisConfig, Sample
 from surge.observability.metrics import ServerMetrics
 from surge.observability.resources import GpuSample
@@ -98,13 +98,13 @@ def make_sample(
         num_running=stats.num_running,
         num_waiting=stats.num_waiting,
         kv_usage=stats.kv_cache_usage,
-        steps=stats.num_steps,
-        step_tokens=stats.step_tokens,
-        prefill_tokens=stats.prefill_tokens,
-        preemptions=stats.num_preemptions,
-        blocked_on_kv=stats.num_blocked_on_kv,
-        step_time_s=stats.step_time_s,
-        wait_time_s=stats.wait_time_s,
+        steps=stats.steps.num_steps,
+        step_tokens=stats.steps.step_tokens,
+        prefill_tokens=stats.steps.prefill_tokens,
+        preemptions=stats.scheduler.num_preemptions,
+        blocked_on_kv=stats.scheduler.num_blocked_on_kv,
+        step_time_s=stats.steps.step_time_s,
+        wait_time_s=stats.steps.wait_time_s,
         received=int(_total(metrics.received)),
         rejected=int(_total(metrics.rejections)),
         api_cpu_s=cpu.read("api"),
@@ -158,10 +158,10 @@ class LiveMonitor:
             )
         engine = m.engine_counters
         counters = {
-            "generation_tokens": _total(engine["generation_tokens"]),
-            "prompt_tokens": _total(engine["prompt_tokens"]),
-            "prefix_queries": _total(engine["prefix_cache_queries"]),
-            "prefix_hits": _total(engine["prefix_cache_hits"]),
+            "generation_tokens": _total(engine["steps.generation_tokens"]),
+            "prompt_tokens": _total(engine["steps.prompt_tokens"]),
+            "prefix_queries": _total(engine["prefix_cache.queries"]),
+            "prefix_hits": _total(engine["prefix_cache.hits"]),
             "finished": _total(m.request_success),
             "received": float(sample.received),
             "rejected": float(sample.rejected),

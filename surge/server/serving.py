@@ -167,8 +167,7 @@ class Job:
         st = self.state
         now = time.monotonic()
         reserve = (self.params.max_tokens or 0) * len(self.choices)
-        if not self.batch_line:  # a batch line is charged no rate-limit tokens
-            st.limiter.refund(self.key, max(0, reserve - self.num_completion_tokens), now)
+        st.limiter.refund(self.key, max(0, reserve - self.num_completion_tokens), now)
         reasons = [c.finish_reason for c in self.choices if c.finish_reason]
         if reasons and all(r != "abort" for r in reasons):
             self.finish_reason = "length" if "length" in reasons else "stop"
@@ -227,7 +226,8 @@ def start_job(
     tenant = resolve_tenant(request, user, state.config)
     # A batch line goes last (BATCH_PRIORITY, preempted by any interactive request under the
     # priority policies) and is admitted in a pool of its own, outside the interactive
-    # request bounds, rate limits and wait estimate, with no queue-wait shedding: it waits.
+    # request bounds and wait estimate, with no queue-wait shedding: it waits. The key's rate
+    # limits cover it as they cover the key's other work (so the header bypasses none).
     batch_line = BATCH_LINE_HEADER in request.headers
     priority = BATCH_PRIORITY if batch_line else resolve_priority(request, priority, state.config)
     # Rate limits per tenant where one is named, else per API key or client address.
@@ -245,6 +245,7 @@ def start_job(
     bounds = [b for b in (state.config.queue_wait_bound_s, timeout_s) if b is not None]
     arrival_s = getattr(request.state, "arrival_s", time.monotonic())
     if batch_line:
+        state.check_rate(key, num_prompt_tokens + reserve)
         ticket = state.batch_admission.admit(num_prompt_tokens, tenant=tenant, work=work)
     else:
         ticket = state.admit(

@@ -173,6 +173,14 @@ class ServerState:
             self.metrics.observe_rejection(str(e.code or e.type))
             raise
 
+    def check_rate(self, key: str, num_tokens: int) -> None:
+        """The per-key rate limits alone (a batch line's admission; 429 with Retry-After)."""
+        try:
+            self._check_rate(key, num_tokens)
+        except SurgeHTTPError as e:
+            self.metrics.observe_rejection(str(e.code or e.type))
+            raise
+
     def _check_rate(self, key: str, num_tokens: int) -> None:
         wait = self.limiter.check(key, num_tokens, time.monotonic())
         if wait > 0:

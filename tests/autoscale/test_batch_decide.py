@@ -21,9 +21,14 @@ from surge.autoscale.signals import (
 )
 
 CFG = AutoscalerConfig(
-    min_replicas=1, max_replicas=50, target_ongoing_per_replica=10, target_waiting_per_replica=2,
-    tolerance=0.1, batch_margin_s=120.0, batch_window_s=30.0,
-)  # fmt: skip
+    min_replicas=1,
+    max_replicas=50,
+    target_ongoing_per_replica=10,
+    target_waiting_per_replica=2,
+    tolerance=0.1,
+    batch_margin_s=120.0,
+    batch_window_s=30.0,
+)
 
 TEXT = """\
 # TYPE surge:batch_lines gauge
@@ -54,10 +59,19 @@ def test_the_batch_series_are_read_by_state_and_the_nearest_deadline() -> None:
 
 def test_the_tracker_adds_replicas_and_gateway_batches() -> None:
     tracker = SignalTracker()
-    gw = ReplicaLoad("gw", True, waiting=50, batch=BatchLoad(pending=400, in_flight=8,
-                     tokens=100, window_left_s=900, lines_per_s=1.0))  # fmt: skip
-    a = ReplicaLoad("a", True, running=9, waiting=3, batch=BatchLoad(pending=100,
-                    in_flight=4, tokens=50, window_left_s=1800, lines_per_s=0.5))  # fmt: skip
+    gw = ReplicaLoad(
+        "gw",
+        True,
+        waiting=50,
+        batch=BatchLoad(pending=400, in_flight=8, tokens=100, window_left_s=900, lines_per_s=1.0),
+    )
+    a = ReplicaLoad(
+        "a",
+        True,
+        running=9,
+        waiting=3,
+        batch=BatchLoad(pending=100, in_flight=4, tokens=50, window_left_s=1800, lines_per_s=0.5),
+    )
     first = tracker.update(0.0, [a], gw)
     assert first.batch.remaining == 512 and first.batch.window_left_s == 900
     assert first.batch.lines_per_s == 1.5 and first.batch.tokens_per_s is None
@@ -136,9 +150,14 @@ def test_the_judge_counts_a_call_for_more_only_once_it_has_lasted_its_window() -
 def test_hpa_rate_policies_bound_each_period_not_each_decision() -> None:
     # HPA's defaults: up by max(4 pods, 100%) per 15 s; down by 100% per 15 s after 300 s.
     hpa = AutoscalerConfig(
-        max_replicas=100, scale_down_window_s=300, scale_period_s=15, max_scale_up_step=4,
-        max_scale_up_percent=100, max_scale_down_step=1, max_scale_down_percent=100,
-    )  # fmt: skip
+        max_replicas=100,
+        scale_down_window_s=300,
+        scale_period_s=15,
+        max_scale_up_step=4,
+        max_scale_up_percent=100,
+        max_scale_down_step=1,
+        max_scale_down_percent=100,
+    )
     s = Stabilizer(hpa)
     assert s.recommend(0.0, 50, current=10) == 20  # 100% of 10
     assert s.recommend(5.0, 50, current=20) == 20  # the period's 100% is spent
@@ -151,8 +170,11 @@ def test_hpa_rate_policies_bound_each_period_not_each_decision() -> None:
     assert per.recommend(0.0, 50, current=10) == 14
     assert per.recommend(1.0, 50, current=14) == 18
     # Down by percent: 50% of the period's start, at most.
-    half = Stabilizer(AutoscalerConfig(max_replicas=100, scale_down_window_s=0, scale_period_s=15,
-                                       max_scale_down_percent=50))  # fmt: skip
+    half = Stabilizer(
+        AutoscalerConfig(
+            max_replicas=100, scale_down_window_s=0, scale_period_s=15, max_scale_down_percent=50
+        )
+    )
     assert half.recommend(0.0, 10, current=40) == 20
     assert half.recommend(5.0, 10, current=20) == 20
     assert half.recommend(16.0, 10, current=20) == 10

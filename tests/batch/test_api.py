@@ -177,3 +177,31 @@ def test_pagination_of_batches(server: ServerProcess) -> None:
     assert [x.id for x in rest.data] == ids[:1] and not rest.has_more
     for bid in ids:
         wait_done(c, bid)
+
+
+def test_the_dashboard_state_and_surge_top_show_the_batch_api(server: ServerProcess) -> None:
+    from rich.console import Console
+
+    from surge.cli.top import View, render
+
+    c = client(server.url)
+    wait_done(c, submit(c, chat_lines(2)).id)
+    auth = {"authorization": f"Bearer {KEY_A}"}
+    state = httpx.get(server.url + "/v1/dashboard/state", headers=auth, timeout=10).json()
+    batch = state["batch"]
+    assert batch["available"] and batch["storage_ok"] and batch["tokens_total"] > 0
+    assert set(batch["lines"]) == {"pending", "in_flight", "completed", "failed"}
+    console = Console(record=True, width=200)
+    console.print(render(state, server.url, View(), (1.0, 0.1)))
+    assert "batch: 0 pending  0 in flight" in console.export_text()
+
+
+def test_a_batch_past_its_window_expires_with_every_line_once(server: ServerProcess) -> None:
+    c = client(server.url)
+    b = submit(c, chat_lines(40, max_tokens=64, ignore_eos=True), window="3s")
+    assert b.expires_at == b.created_at + 3
+    b = wait_done(c, b.id)
+    assert b.status == "expired" and b.expired_at
+    assert_each_line_once(c, b, 40)
+    err = results(c, b)[1]
+    assert err and {x["error"]["code"] for x in err} == {"batch_expired"}

@@ -33,7 +33,7 @@ def compute(bm: BlockManager, req: str, tokens: list[int]) -> None:
 
 def snapshot(bm: BlockManager, reqs: list[str]) -> tuple[object, ...]:
     tables = {r: bm.block_table(r) for r in reqs if bm.has(r)}
-    counters = (bm.prefix_cache_queries, bm.prefix_cache_hits)
+    counters = (bm.stats.queries, bm.stats.hits)
     return tables, bm.free_block_ids(), bm.num_free_blocks, bm.usage(), counters
 
 
@@ -83,7 +83,7 @@ def test_prefix_hit_while_first_request_runs() -> None:
     assert add(bm, "b", b) == 8
     assert bm.block_table("b") == [0, 1, 3]  # shared 0 and 1, fresh 3 for the tail
     assert bm.num_free_blocks == 6
-    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (10 + 11, 8)
+    assert (bm.stats.queries, bm.stats.hits) == (10 + 11, 8)
     bm.check_invariants()
     # Freeing a: blocks 0 and 1 are still referenced by b (ref was 2), only block 2 frees.
     bm.free("a")
@@ -254,7 +254,7 @@ def test_prefix_caching_off() -> None:
     assert bm.free_block_ids() == list(range(10))  # nothing cached: all back to the front
     assert add(bm, "b", A) == 0
     assert bm.block_table("b") == [0, 1, 2]
-    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (0, 0)
+    assert (bm.stats.queries, bm.stats.hits) == (0, 0)
     bm.check_invariants()
 
 
@@ -364,7 +364,7 @@ def test_random_operations_keep_invariants() -> None:
         bm.check_invariants()
         assert bm.num_free_blocks + len({b for r in running for b in bm.block_table(r)}) == 40
 
-    assert bm.prefix_cache_hits > 0 and num_copies > 0
+    assert bm.stats.hits > 0 and num_copies > 0
     for req in list(running):
         bm.free(req)
     bm.check_invariants()
@@ -393,7 +393,7 @@ def test_a_finished_requests_partial_tail_is_copied_for_a_follow_up() -> None:
     assert add(bm, "b", follow_up) == 10
     assert bm.block_table("b") == [0, 1, 3]
     assert bm.take_copies() == [(2, 3)]
-    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (10 + 12, 10)
+    assert (bm.stats.queries, bm.stats.hits) == (10 + 12, 10)
     bm.check_invariants()
     # The same prompt again: everything but its last token. A prompt that diverges inside the
     # block: only the common tokens.

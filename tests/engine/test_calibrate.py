@@ -31,9 +31,12 @@ def test_calibration_measures_a_full_prefill_chunk_and_decode_rows_then_forgets_
     # Forgotten: nothing running or cached, every counter back at zero.
     stats = engine.stats()
     assert not engine.has_work() and engine.blocks.usage() == 0.0
-    assert stats.prefix_cache_blocks == 0 and stats.prefix_cache_queries == 0
-    assert stats.num_steps == 0 and stats.prompt_tokens == stats.generation_tokens == 0
-    assert stats.step_samples == [] and stats.tenant_tokens == {}
+    assert stats.prefix_cache_blocks == 0 and stats.prefix_cache.queries == 0
+    assert (
+        stats.steps.num_steps == 0
+        and stats.steps.prompt_tokens == stats.steps.generation_tokens == 0
+    )
+    assert stats.steps.samples == [] and stats.scheduler.tenant_tokens == {}
     # The engine serves as before, token for token.
     after = llm.generate(["a b c d"], SamplingParams(max_tokens=6, temperature=0.0))
     assert after[0].outputs[0].token_ids == before[0].outputs[0].token_ids
@@ -54,7 +57,7 @@ def test_a_stored_measurement_is_reused_on_the_same_model_configuration_and_mach
     again = startup_samples(engine, "cached")
     assert again == first  # the stored floats, not a new measurement
     stats = engine.stats()
-    assert not engine.has_work() and stats.num_steps == 0 and stats.prompt_tokens == 0
+    assert not engine.has_work() and stats.steps.num_steps == 0 and stats.steps.prompt_tokens == 0
     measured = startup_samples(engine, "measure")
     assert measured != first and startup_samples(engine, "cached") == measured
     other = LLM(str(tiny_model_dir), dtype="float32", max_num_batched_tokens=64, max_num_seqs=4)

@@ -160,7 +160,7 @@ def test_greedy_identical_to_transformers(
     mismatches = [i for i, (a, b) in enumerate(zip(got, hf_greedy, strict=True)) if a != b]
     assert not mismatches, f"prompts {mismatches} differ from transformers"
     if "num_blocks" in engine_kwargs:
-        assert engine.engine.stats().num_preemptions > 0
+        assert engine.engine.stats().scheduler.num_preemptions > 0
 
 
 def test_max_logit_difference(

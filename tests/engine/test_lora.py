@@ -99,7 +99,7 @@ def test_mixed_batch_matches_peft(
         assert got[3 * i + 2] == peft_reference["qv"][i], p
     assert peft_reference["all"] != base and peft_reference["qv"] != base  # adapters matter
     if "num_blocks" in engine_kwargs:
-        assert llm.engine.stats().num_preemptions > 0
+        assert llm.engine.stats().scheduler.num_preemptions > 0
     assert llm.engine.stats().kv_cache_usage == 0.0
 
 

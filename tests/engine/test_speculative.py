@@ -119,12 +119,12 @@ def test_drafts_never_change_the_output(
                 assert [t for t, _ in x.top] == [t for t, _ in y.top]
     stats = llm.engine.stats()
     # Drafts at almost every step, two in three wholly right: far fewer steps than tokens.
-    assert stats.spec_num_drafts > 0
-    assert stats.spec_accepted_tokens > stats.spec_draft_tokens // 2
-    assert stats.num_steps < plain_llm.engine.stats().num_steps
-    assert stats.generation_tokens == plain_llm.engine.stats().generation_tokens
+    assert stats.spec.num_drafts > 0
+    assert stats.spec.accepted_tokens > stats.spec.draft_tokens // 2
+    assert stats.steps.num_steps < plain_llm.engine.stats().steps.num_steps
+    assert stats.steps.generation_tokens == plain_llm.engine.stats().steps.generation_tokens
     if "num_blocks" in engine_kwargs:
-        assert stats.num_preemptions > 0
+        assert stats.scheduler.num_preemptions > 0
     assert stats.kv_cache_usage == 0.0
 
 
@@ -153,11 +153,11 @@ def test_no_drafts_for_structured_output_or_big_batches(tiny_model_dir: Path) ->
     loop = "a b c a b c a b c a b c"
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm.generate([loop] * 3, params, use_tqdm=False)  # 3 running > 2: no drafts
-    assert llm.engine.stats().spec_num_drafts == 0
+    assert llm.engine.stats().spec.num_drafts == 0
     choice = StructuredOutput.choice(["a b c a b c", "x y z"])
     constrained = SamplingParams(temperature=0.0, max_tokens=8, structured=choice)
     llm.generate([loop], constrained, use_tqdm=False)
-    assert llm.engine.stats().spec_num_drafts == 0
+    assert llm.engine.stats().spec.num_drafts == 0
 
 
 def test_a_stop_string_inside_an_accepted_draft_ends_there(
@@ -201,4 +201,4 @@ def test_drafts_with_lora_adapters_and_n(
     spec = llm.generate(PROMPTS, params, use_tqdm=False, lora_name=names)
     for a, b in zip(plain, spec, strict=True):
         assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]
-    assert llm.engine.stats().spec_accepted_tokens > 0
+    assert llm.engine.stats().spec.accepted_tokens > 0

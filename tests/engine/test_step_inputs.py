@@ -258,21 +258,18 @@ def test_the_runner_asks_the_paths_in_order(engine: EngineCore) -> None:
     runner = engine.runner
     assert [p.name for p in runner.paths] == ["eager"]  # CPU, no kernels, no compile
     batch = decodes(engine, 3)
-    runner.graphs = DecodeGraphs(
+    graphs = DecodeGraphs(
         engine.model, runner.kv_caches, BS, 8, 8, runner.scratch_slot, torch.device("cpu"), False
     )
-    runner.fused = cast(FusedQ4Decode, StackSize(max_rows=2))
+    runner.use_paths(fused=cast(FusedQ4Decode, StackSize(max_rows=2)), graphs=graphs)
     assert [p.name for p in runner.paths] == ["fused_stack", "cuda_graph", "eager"]
     assert runner.path_for(runner.step_batch(batch)).name == "cuda_graph"  # 3 rows > 2
-    runner.fused = cast(FusedQ4Decode, StackSize(max_rows=3))
+    runner.use_paths(fused=cast(FusedQ4Decode, StackSize(max_rows=3)), graphs=graphs)
     assert runner.path_for(runner.step_batch(batch)).name == "fused_stack"
-    runner.fused = None
-    runner.graphs = None
+    runner.use_paths(fused=None, graphs=None)
     assert runner.path_for(runner.step_batch(batch)).name == "eager"
     # The tokens do not depend on the path: the graphs' static-buffer step on the CPU.
-    runner.graphs = DecodeGraphs(
-        engine.model, runner.kv_caches, BS, 8, 8, runner.scratch_slot, torch.device("cpu"), False
-    )
+    runner.use_paths(fused=None, graphs=graphs)
     via_graphs = runner.run(batch)
-    runner.graphs = None
+    runner.use_paths(fused=None, graphs=None)
     assert runner.run(batch).tokens == via_graphs.tokens

@@ -28,27 +28,56 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "deploy" / "profiles" / "smollm2-135m-cpu.json"
 
 
-def run(profile: Path, traffic: str, duration: float, policies: tuple[str, ...], *,
-        mode: str = "requests", batches: tuple[str, ...] = (), step: float = 1.0,
-        stabilizations: tuple[str, ...] = ("surge",), **auto: Any) -> dict[str, Any]:  # fmt: skip
+def run(
+    profile: Path,
+    traffic: str,
+    duration: float,
+    policies: tuple[str, ...],
+    *,
+    mode: str = "requests",
+    batches: tuple[str, ...] = (),
+    step: float = 1.0,
+    stabilizations: tuple[str, ...] = ("surge",),
+    **auto: Any,
+) -> dict[str, Any]:
     prof = load_profile(profile)
     config = AutoscalerConfig(max_replicas=3000, **auto)
     config = with_defaults(config, prof, 2.0, 0.1, None)
-    sim = SimConfig(Traffic.parse(traffic), prof, config, duration, 0.0, 2.0, 0.1, policies, mode,
-                    batches=tuple(BatchSpec.parse(b) for b in batches), fluid_step_s=step,
-                    stabilizations=stabilizations)  # fmt: skip
+    sim = SimConfig(
+        Traffic.parse(traffic),
+        prof,
+        config,
+        duration,
+        0.0,
+        2.0,
+        0.1,
+        policies,
+        mode,
+        batches=tuple(BatchSpec.parse(b) for b in batches),
+        fluid_step_s=step,
+        stabilizations=stabilizations,
+    )
     return simulate(sim).to_dict()["policies"]
 
 
 def test_a_batch_spec_reads_as_documented_and_refuses_nonsense() -> None:
     spec = BatchSpec.parse("lines=5000,tokens=200,window=6h,at=14:00,every=1d")
     assert (spec.lines, spec.tokens, spec.window_s, spec.at_s, spec.every_s) == (
-        5000, 200, 6 * 3600, 14 * 3600, 86400)  # fmt: skip
+        5000,
+        200,
+        6 * 3600,
+        14 * 3600,
+        86400,
+    )
     jobs = spec.jobs(2 * 86400)
     assert [(j.submit_s, j.deadline_s) for j in jobs] == [(50400, 72000), (136800, 158400)]
     assert parse_span("90m") == parse_span("1.5h") == parse_span("01:30") == 5400
-    for bad in ("lines=10", "lines=10,window=1h,colour=red", "lines=0,window=1h",
-                "lines=10,window=soon"):  # fmt: skip
+    for bad in (
+        "lines=10",
+        "lines=10,window=1h,colour=red",
+        "lines=0,window=1h",
+        "lines=10,window=soon",
+    ):
         with pytest.raises(ValueError, match="batch"):
             BatchSpec.parse(bad)
     with pytest.raises(ValueError, match="no window closes"):
@@ -62,10 +91,12 @@ def test_a_tight_window_gets_replicas_and_a_loose_one_none(profile_path: Path) -
     # Leftover capacity runs ~5 lines a second: 5,000 lines take ~16 minutes of it.
     args = (profile_path, BATCH_LOAD, 70 * 60.0, ("reactive",))
     alone = run(*args)["reactive"]
-    loose = run(*args, batches=("lines=5000,tokens=64,window=60m,at=5m",),
-                batch_margin_s=120.0)["reactive"]  # fmt: skip
-    tight = run(*args, batches=("lines=5000,tokens=64,window=10m,at=5m",),
-                batch_margin_s=120.0)["reactive"]  # fmt: skip
+    loose = run(*args, batches=("lines=5000,tokens=64,window=60m,at=5m",), batch_margin_s=120.0)[
+        "reactive"
+    ]
+    tight = run(*args, batches=("lines=5000,tokens=64,window=10m,at=5m",), batch_margin_s=120.0)[
+        "reactive"
+    ]
     assert alone["batch"] is None
     assert loose["batch"]["window_attainment"] == 1.0
     assert loose["batch"]["scale_ups_for_batch"] == 0, loose  # the leftover was enough
@@ -77,25 +108,42 @@ def test_a_tight_window_gets_replicas_and_a_loose_one_none(profile_path: Path) -
     for s in (loose, tight):  # the interactive requests keep their SLO beside the batch
         assert s["slo_attainment"] >= alone["slo_attainment"] - 0.01
     # The batch signal held back past the window (judged after an hour): the same batch misses.
-    held = run(*args, batches=("lines=5000,tokens=64,window=10m,at=5m",),
-               batch_margin_s=120.0, batch_window_s=3600.0)["reactive"]  # fmt: skip
+    held = run(
+        *args,
+        batches=("lines=5000,tokens=64,window=10m,at=5m",),
+        batch_margin_s=120.0,
+        batch_window_s=3600.0,
+    )["reactive"]
     assert held["batch"]["window_attainment"] == 0.0 and held["batch"]["lines_done"] == 5000
 
 
 def test_the_fluid_mode_runs_batches_by_the_same_rule(profile_path: Path) -> None:
     args = (profile_path, BATCH_LOAD, 70 * 60.0, ("reactive",))
-    loose = run(*args, mode="fluid", batches=("lines=5000,tokens=64,window=60m,at=5m",),
-                batch_margin_s=120.0)["reactive"]  # fmt: skip
-    tight = run(*args, mode="fluid", batches=("lines=5000,tokens=64,window=10m,at=5m",),
-                batch_margin_s=120.0)["reactive"]  # fmt: skip
+    loose = run(
+        *args,
+        mode="fluid",
+        batches=("lines=5000,tokens=64,window=60m,at=5m",),
+        batch_margin_s=120.0,
+    )["reactive"]
+    tight = run(
+        *args,
+        mode="fluid",
+        batches=("lines=5000,tokens=64,window=10m,at=5m",),
+        batch_margin_s=120.0,
+    )["reactive"]
     assert loose["batch"]["window_attainment"] == 1.0
     assert loose["batch"]["scale_ups_for_batch"] == 0
     assert tight["batch"]["window_attainment"] == 1.0 and tight["batch"]["scale_ups_for_batch"]
 
 
 def test_hpa_stabilization_cuts_scale_events(profile_path: Path) -> None:
-    s = run(profile_path, "sinusoid:base=2,peak=20,period=1800", 3600.0, ("reactive", "oracle"),
-            stabilizations=("surge", "hpa", "hpa-pods"))  # fmt: skip
+    s = run(
+        profile_path,
+        "sinusoid:base=2,peak=20,period=1800",
+        3600.0,
+        ("reactive", "oracle"),
+        stabilizations=("surge", "hpa", "hpa-pods"),
+    )
     for name in ("reactive", "oracle"):
         surge, hpa, pods = s[f"{name}@surge"], s[f"{name}@hpa"], s[f"{name}@hpa-pods"]
         for stable in (hpa, pods):
@@ -116,13 +164,32 @@ def test_the_fluid_step_does_not_decide_the_answer() -> None:
 
 def test_the_cli_reports_batch_windows(profile_path: Path) -> None:
     cmd = [
-        sys.executable, "-m", "surge.cli", "autoscale", "simulate", "--traffic", BATCH_LOAD,
-        "--duration", "30m", "--profile", str(profile_path), "--policies", "reactive",
-        "--batch", "lines=500,tokens=64,window=20m,at=2m", "--batch-margin", "2m",
-        "--stabilization", "surge,hpa",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "surge.cli",
+        "autoscale",
+        "simulate",
+        "--traffic",
+        BATCH_LOAD,
+        "--duration",
+        "30m",
+        "--profile",
+        str(profile_path),
+        "--policies",
+        "reactive",
+        "--batch",
+        "lines=500,tokens=64,window=20m,at=2m",
+        "--batch-margin",
+        "2m",
+        "--stabilization",
+        "surge,hpa",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
     assert "windows met" in out and "reactive@hpa" in out and "100%" in out, out
-    bad = subprocess.run([*cmd[:-4], "--batch", "lines=5,window=2h,at=29m"], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    bad = subprocess.run(
+        [*cmd[:-4], "--batch", "lines=5,window=2h,at=29m"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "no window closes" in bad.stderr

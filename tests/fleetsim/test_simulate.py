@@ -5,7 +5,7 @@
   replica-hours, on a rise no reactive scaler can follow with a 60 s cold start;
 - the per-request and fluid modes agree where both run: SLO attainment within 0.03 and
   replica-hours within 20% (reactive, seasonal, oracle on a 30 min sinusoid; the fluid fleet
-  runs ~10% larger; KEDA's flapping differs more between them and is left out);
+  runs 3-7% larger; KEDA's flapping differs more between them and is left out);
 - `surge autoscale simulate --json` prints the documented object, `--plots` writes PNGs, and
   `surge autoscale recommend` sizes a replica.
 """

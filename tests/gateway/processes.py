@@ -18,7 +18,9 @@ class GatewayProcess:
         # Named apart from later processes given the same port (their logs would overwrite).
         self.log_path = log_dir() / f"surge-gateway-{self.port}-{time.time_ns()}.log"
         self._log = self.log_path.open("wb")
-        cmd = [sys.executable, "-m", "surge.cli", "gateway", "--port", str(self.port), *args]
+        data = self.log_path.with_suffix(".batch")  # its Batch API's state (a later flag wins)
+        cmd = [sys.executable, "-m", "surge.cli", "gateway", "--port", str(self.port),
+               "--data-dir", str(data), *args]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout_s: float = 60.0, num_upstreams: int | None = None) -> None:

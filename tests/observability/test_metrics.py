@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from surge.engine.client.outputs import EngineStats
+from surge.engine.stats import EngineStats, PrefixCacheStats, SchedulerStats, StepStats
 from surge.observability.metrics import (
     ITL_BUCKETS,
     TTFT_BUCKETS,
@@ -35,8 +37,22 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, frozenset({"model_name": MODEL, **labels}.items()))]
 
 
-def stats(**kw: object) -> EngineStats:
-    return EngineStats(**kw)  # type: ignore[arg-type]
+def stats(
+    *,
+    prefix_cache_queries: int = 0,
+    prefix_cache_hits: int = 0,
+    num_preemptions: int = 0,
+    prompt_tokens: int = 0,
+    generation_tokens: int = 0,
+    **gauges: Any,
+) -> EngineStats:
+    """EngineStats with its counters set in the parts that own them."""
+    return EngineStats(
+        prefix_cache=PrefixCacheStats(queries=prefix_cache_queries, hits=prefix_cache_hits),
+        scheduler=SchedulerStats(num_preemptions=num_preemptions),
+        steps=StepStats(prompt_tokens=prompt_tokens, generation_tokens=generation_tokens),
+        **gauges,
+    )
 
 
 def test_own_registry_each_time() -> None:
@@ -215,8 +231,8 @@ def test_per_tenant_and_priority_series() -> None:
         num_prompt_tokens=11, num_generation_tokens=4, max_tokens=4, n=1, tenant="acme",
         priority=-2,
     )  # fmt: skip
-    m.update_engine(EngineStats(tenant_tokens={"acme": 40, "": 9}))
-    m.update_engine(EngineStats(tenant_tokens={"acme": 55, "": 12}))
+    m.update_engine(EngineStats(scheduler=SchedulerStats(tenant_tokens={"acme": 40, "": 9})))
+    m.update_engine(EngineStats(scheduler=SchedulerStats(tenant_tokens={"acme": 55, "": 12})))
     s = scrape(m)
     assert value(s, "surge:tenant_scheduled_tokens_total", tenant="acme") == 55
     assert value(s, "surge:tenant_prompt_tokens_total", tenant="acme") == 11

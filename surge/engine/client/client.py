@@ -18,7 +18,6 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from surge.engine.client.output_processor import OutputProcessor, RequestDelta
-from surge.engine.client.outputs import EngineStats
 from surge.engine.client.pipe_reader import PipeReader
 from surge.engine.client.protocol import (
     Abort,
@@ -36,6 +35,7 @@ from surge.engine.client.protocol import (
 )
 from surge.engine.client.spawn import EngineDeadError, SpawnedEngine
 from surge.engine.client.step_cost import StepCostModel
+from surge.engine.stats import EngineStats
 from surge.models.formats.tokenizer import Tokenizer
 from surge.sampling_params import SamplingParams
 
@@ -248,9 +248,9 @@ class AsyncEngineClient:
     def _dispatch(self, msg: FromEngine) -> None:
         if isinstance(msg, Outputs):
             self._stats = msg.stats
-            self.step_cost.observe(msg.stats.step_samples)
+            self.step_cost.observe(msg.stats.steps.samples)
             if len(self._iteration_tokens) < 100_000:  # bounded if nobody scrapes
-                self._iteration_tokens.extend(tokens for tokens, _, _ in msg.stats.step_samples)
+                self._iteration_tokens.extend(tokens for tokens, _, _ in msg.stats.steps.samples)
             deltas, to_abort = self._processor.process(msg.outputs)
             if to_abort:
                 self._send(Abort(to_abort))

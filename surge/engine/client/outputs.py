@@ -1,9 +1,10 @@
-"""What crosses the engine-core boundary: requests in, per-step token outputs and stats out."""
+"""What crosses the engine-core boundary: requests in, per-step token outputs out (the stats
+that go with them: surge/engine/stats.py)."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from surge.sampling_params import SamplingParams
 
@@ -51,43 +52,3 @@ class EngineCoreOutput:
     queue_time_s: float = 0.0  # arrival to first scheduled
     # With the first tokens, when params.prompt_logprobs: prompt tokens 1.. (token 0 has none)
     prompt_logprobs: list[TokenLogprob] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_cache_usage: float = 0.0
-    num_blocks: int = 0
-    block_size: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    prefix_cache_blocks: int = 0  # blocks the prefix cache holds now (a gauge)
-    num_preemptions: int = 0
-    prompt_tokens: int = 0  # counters since start
-    generation_tokens: int = 0
-    num_steps: int = 0
-    # Tokens per step since the last scrape: the API process fills it from step_samples.
-    iteration_tokens: list[int] = field(default_factory=list)
-    # (tokens, rows, seconds) per step since last stats: what a step of that shape costs.
-    step_samples: list[tuple[int, int, float]] = field(default_factory=list)
-    # Tokens scheduled per tenant since start (prefill + decode): the service each tenant got.
-    tenant_tokens: dict[str, int] = field(default_factory=dict)
-    # LoRA adapters of running / waiting requests (vLLM's lora_requests_info), and the slots.
-    lora_running: tuple[str, ...] = ()
-    lora_waiting: tuple[str, ...] = ()
-    max_loras: int = 0
-    # Speculative decoding, counters since start: steps with a draft, draft tokens, accepted.
-    spec_num_drafts: int = 0
-    spec_draft_tokens: int = 0
-    spec_accepted_tokens: int = 0
-    # For the bottleneck diagnosis, counters since start: tokens scheduled over all steps and
-    # those of prefill chunks; admissions that stopped for want of KV blocks; seconds in step()
-    # and seconds blocked waiting for work. And the limits a full step reaches.
-    step_tokens: int = 0
-    prefill_tokens: int = 0
-    num_blocked_on_kv: int = 0
-    step_time_s: float = 0.0
-    wait_time_s: float = 0.0
-    max_num_seqs: int = 0
-    max_num_batched_tokens: int = 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from surge.engine.client.outputs import EngineCoreOutput, EngineCoreRequest, EngineStats
+from surge.engine.client.outputs import EngineCoreOutput, EngineCoreRequest
+from surge.engine.stats import EngineStats
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,11 @@ This module imports neither torch nor the engine: the child imports them itself.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -15,6 +19,8 @@ from multiprocessing.process import BaseProcess
 
 from surge.engine.client.protocol import Fatal, Ready
 from surge.engine.config import EngineConfig
+
+PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
 
 
 class EngineDeadError(RuntimeError):
@@ -67,6 +73,28 @@ def spawn_engine(config: EngineConfig) -> SpawnedEngine:
 
 
 def _engine_main(config: EngineConfig, inbox: Connection, outbox: Connection) -> None:
+    _die_with_parent()  # first: the imports and the model's load below take seconds to minutes
     from surge.engine.core.process import run_engine_core  # torch and the model: child only
 
     run_engine_core(config, inbox, outbox)
+
+
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when the API process dies, however it dies.
+
+    The engine ignores SIGTERM (the API process drains, then tells it to stop), so
+    multiprocessing's terminate() at the API process's exit cannot end it, and an API process
+    killed outright runs no exit code at all: an engine still loading ran on, orphaned, until its
+    load ended. PR_SET_PDEATHSIG (Linux) is the kernel's own guarantee; elsewhere the pipe's EOF
+    ends the engine once it serves.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    parent = mp.parent_process()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if parent is not None and os.getppid() != parent.pid:  # it died before prctl took
+        os._exit(1)

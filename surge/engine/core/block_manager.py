@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
+from surge.engine.stats import PrefixCacheStats
+
 # The most donor blocks one partial lookup compares (the newest first): bounds the cost where
 # thousands of conversations continue one shared prefix with the same token.
 MAX_PARTIAL_CANDIDATES = 64
@@ -59,8 +61,7 @@ class BlockManager:
         self._donors: dict[tuple[bytes, int], dict[int, None]] = {}
         # (source, destination) blocks whose KV the next step copies first: take_copies().
         self._copies: list[tuple[int, int]] = []
-        self.prefix_cache_queries = 0
-        self.prefix_cache_hits = 0
+        self.stats = PrefixCacheStats()  # its counters, since start
 
     # ----------------------------------------------------------------- queries
 
@@ -185,8 +186,8 @@ class BlockManager:
             if partial is not None:
                 cached += partial[1]
             if self.enable_prefix_caching:
-                self.prefix_cache_queries += len(token_ids)
-                self.prefix_cache_hits += cached
+                self.stats.queries += len(token_ids)
+                self.stats.hits += cached
         for b in hits:
             if self._ref[b] == 0:
                 del self._free[b]

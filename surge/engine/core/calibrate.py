@@ -98,7 +98,7 @@ def calibrate(engine: EngineCore) -> tuple[StepSample, ...]:
                 engine.add_request(EngineCoreRequest(f"calibrate-{rep}-{b}-{i}", ids, params))
             while engine.has_work():
                 engine.step()
-        drained = engine.stats().step_samples
+        drained = engine.stats().steps.samples
         if rep == 1:
             samples = drained
     engine.reset_after_calibration()

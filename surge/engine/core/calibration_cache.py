@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from surge.config.settings import settings
 from surge.engine.client.step_cost import StepSample
 from surge.engine.core.engine_core import EngineCore
 
@@ -36,8 +37,7 @@ VERSION = 1  # of what calibrate() measures: raise it when the shapes it runs ch
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("SURGE_CALIBRATION_DIR")
-    return Path(base) if base else Path.home() / ".cache" / "surge" / "calibration"
+    return settings().calibration_dir
 
 
 def _source_digest() -> str:

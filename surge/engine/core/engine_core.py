@@ -11,14 +11,7 @@ import random
 import time
 from dataclasses import replace
 
-import torch
-
-from surge.engine.client.outputs import (
-    EngineCoreOutput,
-    EngineCoreRequest,
-    EngineStats,
-    FinishReason,
-)
+from surge.engine.client.outputs import EngineCoreOutput, EngineCoreRequest, FinishReason
 from surge.engine.config import EngineConfig, SchedulerConfig
 from surge.engine.core.block_manager import BlockManager
 from surge.engine.core.policies import make_policy
@@ -32,6 +25,7 @@ from surge.engine.runner.model_runner import ModelRunner
 from surge.engine.sample.grammar import GrammarCompiler
 from surge.engine.sample.sampler import Sampler
 from surge.engine.sample.token_rules import encode_bad_words
+from surge.engine.stats import EngineStats, StepStats
 from surge.models.device import Precision
 from surge.models.formats.model_files import ModelFiles, open_model
 from surge.models.formats.resolve import resolve_model
@@ -75,21 +69,10 @@ class EngineCore:
             sampler=sampler,
             device=loaded.precision.device,
             config=RunnerConfig.from_engine(config, self.max_model_len),
+            dtype=loaded.precision.dtype,
         )
+        self.loras: LoRAManager | None = self.runner.loras  # the adapters' registry
         scheduler_config = self._check_batch_invariant(config)
-        # After the runner: the fused 4-bit stack and CUDA graphs hold the base layers, and
-        # steps with adapters run eagerly through the wrappers.
-        self.loras: LoRAManager | None = None
-        if config.lora.active:
-            fused = self.runner.fused
-            # The fused 4-bit stack computes in float32 and reads the slots as they are.
-            dtype = torch.float32 if fused is not None else loaded.precision.dtype
-            self.loras = LoRAManager(self.model, files.spec, config.lora, dtype, device)
-            if fused is not None:
-                fused.set_lora(self.loras.lora)
-            for name, path in config.lora.adapters:
-                self.loras.add(name, path)
-            self.runner.lora_batch = self.loras.batch
         if config.model.compile and config.model.compile_warmup:
             log.info("compiled decode graphs ready in %.1f s", self.runner.warm_up())
         self.blocks = BlockManager(
@@ -103,15 +86,8 @@ class EngineCore:
             self.eos_token_ids,
         )
         self._rng = random.Random(config.model.seed)
-        self._prompt_tokens = 0
-        self._generation_tokens = 0
-        self._num_steps = 0
-        # Per step since the last stats: (tokens, rows, seconds), for admission's step-cost model.
-        self._step_samples: list[tuple[int, int, float]] = []
-        self._step_tokens = 0
-        self._prefill_tokens = 0
-        self._step_time_s = 0.0
-        self.wait_time_s = 0.0  # the process loop adds the time it blocks waiting for work
+        # Its own counters; the process loop adds the time it blocks waiting for work.
+        self.step_stats = StepStats()
 
     def _check_batch_invariant(self, config: EngineConfig) -> SchedulerConfig:
         """The scheduler's config: with --batch-invariant, its step budget capped where the
@@ -120,15 +96,14 @@ class EngineCore:
         sched = config.scheduler
         if not config.model.batch_invariant:
             return sched
-        fused = self.runner.fused
-        if fused is None:
+        max_rows = self.runner.capabilities.fused_max_rows
+        if max_rows is None:
             raise ValueError(BATCH_INVARIANT_UNAVAILABLE)
-        if sched.max_num_batched_tokens > fused.max_rows:
+        if sched.max_num_batched_tokens > max_rows:
             log.info(
-                "batch-invariant: step budget %d tokens (the fused stack's largest step)",
-                fused.max_rows,
+                "batch-invariant: step budget %d tokens (the fused stack's largest step)", max_rows
             )
-            sched = replace(sched, max_num_batched_tokens=fused.max_rows)
+            sched = replace(sched, max_num_batched_tokens=max_rows)
         log.info("batch-invariant mode: every step on one kernel for 1 and N rows")
         return sched
 
@@ -146,7 +121,7 @@ class EngineCore:
         if any(t < 0 or t >= vocab for t in creq.prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         creq.params.check_vocab(vocab)
-        if creq.params.batch_invariant and self.runner.fused is None:
+        if creq.params.batch_invariant and not self.runner.capabilities.batch_invariant:
             raise ValueError(BATCH_INVARIANT_UNAVAILABLE)
         max_tokens = effective_max_tokens(creq.params.max_tokens, self.max_model_len - prompt_len)
         seed = creq.seed
@@ -209,15 +184,9 @@ class EngineCore:
         if self.has_work():
             raise RuntimeError("calibration left requests behind")
         self.blocks.reset_prefix_cache()
-        self.blocks.prefix_cache_queries = self.blocks.prefix_cache_hits = 0
-        sched = self.scheduler
-        sched.spec_num_drafts = sched.spec_draft_tokens = sched.spec_accepted_tokens = 0
-        sched.num_preemptions = sched.num_blocked_on_kv = 0
-        sched.tenant_tokens.clear()
-        self._prompt_tokens = self._generation_tokens = self._num_steps = 0
-        self._step_tokens = self._prefill_tokens = 0
-        self._step_time_s = self.wait_time_s = 0.0
-        self._step_samples = []
+        for counters in (self.blocks.stats, self.scheduler.stats, self.scheduler.spec_stats):
+            counters.reset()
+        self.step_stats.reset()
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[EngineCoreOutput]:
@@ -225,7 +194,7 @@ class EngineCore:
         try:
             return self._step(started)
         finally:
-            self._step_time_s += time.perf_counter() - started
+            self.step_stats.step_time_s += time.perf_counter() - started
 
     def _step(self, started: float) -> list[EngineCoreOutput]:
         if self.loras is not None and self.loras.retiring:
@@ -236,13 +205,14 @@ class EngineCore:
             return []
         sampled = self.runner.run(batch)
         advanced = self.scheduler.update(batch, sampled)
-        self._num_steps += 1
-        self._step_tokens += batch.num_tokens
-        self._prefill_tokens += sum(len(s.token_ids) for s in batch.requests if not s.is_decode)
+        counted = self.step_stats
+        counted.num_steps += 1
+        counted.step_tokens += batch.num_tokens
+        counted.prefill_tokens += sum(len(s.token_ids) for s in batch.requests if not s.is_decode)
         outputs: list[EngineCoreOutput] = []
         for req in advanced:
             n = req.num_new_tokens  # more than one when a speculative draft was accepted
-            self._generation_tokens += n
+            counted.generation_tokens += n
             reason = req.stop_reason(self.eos_token_ids)
             if reason is None and req.grammar is not None and _grammar_done(req):
                 reason = FinishReason.STOP
@@ -250,7 +220,7 @@ class EngineCore:
                 self.scheduler.finish(req.req_id, reason)
             first = req.num_output_tokens == n
             if first:
-                self._prompt_tokens += req.num_prompt_tokens
+                counted.prompt_tokens += req.num_prompt_tokens
             outputs.append(
                 EngineCoreOutput(
                     req_id=req.req_id,
@@ -268,14 +238,14 @@ class EngineCore:
                     ),
                 )
             )
-        if len(self._step_samples) < 4096:  # bounded where nobody reads the stats (LLM)
+        if len(counted.samples) < 4096:  # bounded where nobody reads the stats (LLM)
             elapsed = time.perf_counter() - started
-            self._step_samples.append((batch.num_tokens, len(batch.requests), elapsed))
+            counted.samples.append((batch.num_tokens, len(batch.requests), elapsed))
         return outputs
 
     def stats(self) -> EngineStats:
+        """Gauges of now, each part's counters (copies), the step samples since the last call."""
         sched = self.scheduler
-        step_samples, self._step_samples = self._step_samples, []
         lora_names = self.loras.names_by_slot() if self.loras is not None else {}
         return EngineStats(
             num_running=sched.num_running,
@@ -283,29 +253,17 @@ class EngineCore:
             kv_cache_usage=self.blocks.usage(),
             num_blocks=self.plan.num_blocks,
             block_size=self.plan.block_size,
-            prefix_cache_queries=self.blocks.prefix_cache_queries,
-            prefix_cache_hits=self.blocks.prefix_cache_hits,
             prefix_cache_blocks=self.blocks.num_cached_blocks,
-            num_preemptions=sched.num_preemptions,
-            prompt_tokens=self._prompt_tokens,
-            generation_tokens=self._generation_tokens,
-            num_steps=self._num_steps,
-            step_samples=step_samples,
-            tenant_tokens=dict(sched.tenant_tokens),
             lora_running=self._adapters_of(sched.running, lora_names),
             lora_waiting=self._adapters_of(sched.waiting, lora_names),
             max_loras=self.loras.config.max_loras if self.loras is not None else 0,
-            spec_num_drafts=sched.spec_num_drafts,
-            spec_draft_tokens=sched.spec_draft_tokens,
-            spec_accepted_tokens=sched.spec_accepted_tokens,
-            step_tokens=self._step_tokens,
-            prefill_tokens=self._prefill_tokens,
-            num_blocked_on_kv=sched.num_blocked_on_kv,
-            step_time_s=self._step_time_s,
-            wait_time_s=self.wait_time_s,
             # The scheduler's own limits: --batch-invariant may have capped the token budget.
             max_num_seqs=sched.config.max_num_seqs,
             max_num_batched_tokens=sched.config.max_num_batched_tokens,
+            scheduler=sched.stats.take(),
+            spec=sched.spec_stats.take(),
+            prefix_cache=self.blocks.stats.take(),
+            steps=self.step_stats.take(),
         )
 
     @staticmethod

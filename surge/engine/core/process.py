@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import time
 import traceback
 from multiprocessing.connection import Connection
 
+from surge.config.settings import settings
 from surge.engine.client.protocol import (
     Abort,
     AddRequests,
@@ -38,7 +38,7 @@ def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection)
     # The API process handles Ctrl-C/SIGTERM and tells us to stop; don't die mid-step on them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    logging.basicConfig(level=os.environ.get("SURGE_LOG_LEVEL", "INFO").upper())
+    logging.basicConfig(level=settings().log_level.upper())
     try:
         try:
             engine = EngineCore(config)
@@ -80,7 +80,7 @@ def _loop(engine: EngineCore, inbox: Connection, outbox: Connection) -> None:
         if not engine.has_work() or inbox.poll():
             idle_since = time.perf_counter()
             msg: ToEngine = inbox.recv()
-            engine.wait_time_s += time.perf_counter() - idle_since  # blocked: no work
+            engine.step_stats.wait_time_s += time.perf_counter() - idle_since  # blocked: no work
             if _handle(engine, msg, outbox):
                 return
             while inbox.poll():

@@ -21,6 +21,7 @@ from surge.engine.core.ngram import NgramIndex
 from surge.engine.core.policies import Policy
 from surge.engine.core.request import Request, RequestStatus
 from surge.engine.sample.sampling_row import SamplingRow
+from surge.engine.stats import SchedulerStats, SpecStats
 
 MAX_TRACKED_TENANTS = 1000
 OTHER_TENANT = "other"
@@ -40,15 +41,11 @@ class Scheduler:
         self.policy = policy
         self.speculative = speculative if speculative is not None else SpeculativeConfig()
         self.eos_token_ids = eos_token_ids  # a draft's accepted tokens stop at one
-        self.spec_num_drafts = 0  # counters since start
-        self.spec_draft_tokens = 0
-        self.spec_accepted_tokens = 0
+        self.stats = SchedulerStats()  # its counters, since start
+        self.spec_stats = SpecStats()
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        self.num_preemptions = 0
-        self.num_blocked_on_kv = 0  # admissions stopped for want of KV blocks, since start
-        self.tenant_tokens: dict[str, int] = {}  # scheduled tokens per tenant, since start
         self._seq = itertools.count()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -153,7 +150,7 @@ class Scheduler:
                 req.block_hashes if reuse else (),
             )
             if got is None:
-                self.num_blocked_on_kv += 1
+                self.stats.num_blocked_on_kv += 1
                 break  # head-of-line: don't let later arrivals jump a request that doesn't fit
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = req.num_computed_tokens
@@ -194,9 +191,10 @@ class Scheduler:
 
     def _count_tokens(self, tenant: str, num_tokens: int) -> None:
         # Bounded: past the cap, new tenants share one entry (as the metrics' label cap does).
-        if tenant not in self.tenant_tokens and len(self.tenant_tokens) >= MAX_TRACKED_TENANTS:
+        counted = self.stats.tenant_tokens
+        if tenant not in counted and len(counted) >= MAX_TRACKED_TENANTS:
             tenant = OTHER_TENANT
-        self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0) + num_tokens
+        counted[tenant] = counted.get(tenant, 0) + num_tokens
 
     def _waits_for_sibling(self, req: Request) -> bool:
         sibling = self.requests.get(req.share_prompt_with or "")
@@ -228,7 +226,7 @@ class Scheduler:
         req.num_preemptions += 1
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
-        self.num_preemptions += 1
+        self.stats.num_preemptions += 1
 
     def _free_blocks(self, req: Request) -> None:
         # With its tokens, so that the computed start of its last block stays reusable.
@@ -302,9 +300,9 @@ class Scheduler:
             while accepted < len(draft) and new[accepted].token_id == draft[accepted]:
                 accepted += 1
             if draft:
-                self.spec_num_drafts += 1
-                self.spec_draft_tokens += len(draft)
-                self.spec_accepted_tokens += accepted
+                self.spec_stats.num_drafts += 1
+                self.spec_stats.draft_tokens += len(draft)
+                self.spec_stats.accepted_tokens += accepted
             req.prompt_logprobs += sampled.prompt_logprobs.get(sreq.req_id, ())
             computed = sreq.start_pos + len(sreq.token_ids) - len(draft) + accepted
             req.num_new_tokens = 0

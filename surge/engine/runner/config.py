@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from surge.engine.config import EngineConfig
+from surge.engine.config import EngineConfig, LoRAConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +17,7 @@ class RunnerConfig:
     max_num_seqs: int = 256  # the most rows a decode step has (the graphs' largest bucket)
     max_model_len: int = 8192  # the longest context (the graphs' widest block table)
     batch_invariant: bool = False  # every step on the fused stack's batch-invariant twin
+    lora: LoRAConfig | None = None  # adapter slots to build (None: LoRA not served)
 
     @classmethod
     def from_engine(cls, config: EngineConfig, max_model_len: int) -> RunnerConfig:
@@ -31,4 +32,5 @@ class RunnerConfig:
             max_num_seqs=config.scheduler.max_num_seqs,
             max_model_len=max_model_len,
             batch_invariant=model.batch_invariant,
+            lora=config.lora if config.lora.active else None,
         )

@@ -11,6 +11,7 @@ The paths, in the order asked:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -19,6 +20,7 @@ from surge.engine.core.batch import SampledToken, SampledTokens, SchedulerOutput
 from surge.engine.runner.config import RunnerConfig
 from surge.engine.runner.cuda_graphs import DecodeGraphs
 from surge.engine.runner.kv_cache import copy_blocks
+from surge.engine.runner.lora_manager import LoRAManager
 from surge.engine.runner.step_inputs import StepInputBuilder, StepInputs
 from surge.engine.runner.step_paths import (
     CompiledPath,
@@ -32,11 +34,24 @@ from surge.engine.sample.prompt_logprobs import score_prompts
 from surge.engine.sample.sampler import Sampler, SamplingRow
 from surge.models.kernels import load_int8_linear, load_paged_decode
 from surge.models.llama import LlamaForCausalLM
-from surge.models.lora import LoRABatch
 from surge.models.q4_decode import FusedQ4Decode
 
 
+@dataclass(frozen=True, slots=True)
+class RunnerCapabilities:
+    """What the built runner can do, for the core to plan with (it never looks inside)."""
+
+    fused_max_rows: int | None = None  # the fused 4-bit stack's largest step; None: no stack
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether --batch-invariant can hold: every step of up to fused_max_rows on one kernel."""
+        return self.fused_max_rows is not None
+
+
 class ModelRunner:
+    """Built complete: its step paths, and the LoRA adapters' slots when they are served."""
+
     def __init__(
         self,
         *,
@@ -45,6 +60,7 @@ class ModelRunner:
         sampler: Sampler,
         device: torch.device,
         config: RunnerConfig,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -73,52 +89,55 @@ class ModelRunner:
         self._graphs: CudaGraphPath | None = None
         self._compiled = CompiledPath(model, device) if config.compile else None
         on_cpu_kernels = config.use_kernels and device.type == "cpu"
+        fused = None
         if config.fused_decode and on_cpu_kernels and spec.llama_block:
-            self.fused = FusedStackPath.build(model, kv_caches)
+            fused = FusedStackPath.build(model, kv_caches)
         # A GPU's decode steps replay CUDA graphs (eager ones: --compile keeps its own graphs);
         # the graphs replay the whole-context decode only (sliding windows: eager steps).
         on_gpu = config.cuda_graphs and device.type == "cuda" and not config.compile
+        graphs = None
         if on_gpu and self.window is None:
             max_blocks = -(-config.max_model_len // bs)
-            self.graphs = DecodeGraphs(
+            graphs = DecodeGraphs(
                 model, kv_caches, bs, config.max_num_seqs, max_blocks, self.scratch_slot, device
             )
-        self._order()
+        self.use_paths(fused=fused, graphs=graphs)
+        self.capabilities = RunnerCapabilities(fused.max_rows if fused is not None else None)
+        # After the paths: the fused stack and CUDA graphs hold the base layers, and steps with
+        # adapters run eagerly through the wrappers (or on the stack, which reads the slots).
+        self.loras: LoRAManager | None = None
+        if config.lora is not None:
+            # The fused 4-bit stack computes in float32 and reads the slots as they are.
+            lora_dtype = torch.float32 if fused is not None else dtype
+            self.loras = LoRAManager(model, spec, config.lora, lora_dtype, device)
+            if fused is not None:
+                fused.set_lora(self.loras.lora)
+            for name, path in config.lora.adapters:
+                self.loras.add(name, path)
+            self._eager.lora_batch = self.loras.batch
 
     # ---- the paths ---------------------------------------------------------------------------
     def _order(self) -> None:
         paths = (self._fused, self._graphs, self._compiled)
         self.paths: tuple[StepPath, ...] = (*(p for p in paths if p is not None), self._eager)
 
+    def use_paths(self, *, fused: FusedQ4Decode | None, graphs: DecodeGraphs | None) -> None:
+        """The accelerated paths a step may take before the eager one (the constructor's
+        choice; the path-selection tests swap in stand-ins)."""
+        batch_invariant = self.config.batch_invariant
+        self._fused = FusedStackPath(fused, batch_invariant) if fused is not None else None
+        self._graphs = CudaGraphPath(graphs) if graphs is not None else None
+        self._order()
+
     @property
     def fused(self) -> FusedQ4Decode | None:
         """The fused 4-bit stack (None: not on this model or device)."""
         return self._fused.fused if self._fused is not None else None
 
-    @fused.setter
-    def fused(self, fused: FusedQ4Decode | None) -> None:
-        batch_invariant = self.config.batch_invariant
-        self._fused = FusedStackPath(fused, batch_invariant) if fused is not None else None
-        self._order()
-
     @property
     def graphs(self) -> DecodeGraphs | None:
         """The CUDA graphs of decode steps (None: not on this device or with these options)."""
         return self._graphs.graphs if self._graphs is not None else None
-
-    @graphs.setter
-    def graphs(self, graphs: DecodeGraphs | None) -> None:
-        self._graphs = CudaGraphPath(graphs) if graphs is not None else None
-        self._order()
-
-    @property
-    def lora_batch(self) -> LoRABatch | None:
-        """The adapters' row routing, set when LoRA adapters are served."""
-        return self._eager.lora_batch
-
-    @lora_batch.setter
-    def lora_batch(self, lora_batch: LoRABatch | None) -> None:
-        self._eager.lora_batch = lora_batch
 
     @property
     def _compiled_buckets(self) -> set[int]:
@@ -180,8 +199,7 @@ class ModelRunner:
         returns the seconds spent."""
         if self._compiled is None:
             return 0.0
-        fused = self.fused
-        return self._compiled.warm_up(self.builder, fused.max_rows if fused is not None else 0)
+        return self._compiled.warm_up(self.builder, self.capabilities.fused_max_rows or 0)
 
 
 def _attention_ops(

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
+from surge.config.settings import settings
+
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
@@ -47,7 +49,7 @@ TIER_FLAGS = {
 
 def kernel_tier() -> str:
     """The tier to build for: $SURGE_KERNEL_TIER, else native."""
-    tier = os.environ.get("SURGE_KERNEL_TIER", "native") or "native"
+    tier = settings().kernel_tier
     if tier not in TIER_FLAGS:
         raise ValueError(f"SURGE_KERNEL_TIER={tier!r}: expected one of {', '.join(TIER_FLAGS)}")
     return tier
@@ -75,8 +77,7 @@ def _build_tag(sources: Path = _HERE, torch_dir: Path | None = None) -> str:
 def kernel_dir() -> Path:
     """Where the kernels are built: $SURGE_KERNEL_DIR, else ~/.cache/surge/kernels, in a
     folder per CPU and install (_build_tag), and per tier below native (kernel_tier)."""
-    base = os.environ.get("SURGE_KERNEL_DIR")
-    root = Path(base) if base else Path.home() / ".cache" / "surge" / "kernels"
+    root = settings().kernel_dir
     tier = kernel_tier()
     return root / (_build_tag() if tier == "native" else f"{_build_tag()}-{tier}")
 
@@ -127,7 +128,7 @@ def _load(name: str, build_dir: Path | None) -> ModuleType | None:
                 extra_cflags=["-O3", TIER_FLAGS[kernel_tier()], "-ffast-math", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build),
-                verbose=bool(os.environ.get("SURGE_VERBOSE_BUILD")),
+                verbose=settings().verbose_build,
             )
     except Exception as e:  # any build problem: use the torch fallback
         log.warning("compiled kernel %s unavailable, using torch ops: %s", name, e)

@@ -134,6 +134,25 @@ function renderReplicas(replicas) {
   }
 }
 
+function renderBatch(b) {
+  $("batch-panel").hidden = !b;
+  if (!b) return;
+  const lines = b.lines || {};
+  setText("batch-error", b.available && b.storage_ok ? "" : "unavailable: " + (b.error || "storage"),
+    b.available && b.storage_ok ? "muted" : "bad");
+  setText("batch-pending", fmtInt(lines.pending));
+  setText("batch-in-flight", fmtInt(lines.in_flight));
+  setText("batch-limit", fmtInt(b.concurrency_limit));
+  setText("batch-completed", fmtInt(lines.completed));
+  setText("batch-failed", fmtInt(lines.failed));
+  setText("batch-running", fmtInt(Object.values(b.batches || {}).reduce((a, x) => a + x, 0)));
+  setText("batch-rate", fmtNum(b.lines_per_second, 2));
+  const left = b.window_seconds_left;
+  setText("batch-window", left === null || left === undefined ? "–"
+    : left >= 3600 ? (left / 3600).toFixed(1) + " h" : left >= 60 ? (left / 60).toFixed(1) + " min"
+    : fmtSec(left));
+}
+
 function render(st) {
   setText("mode", st.kind === "fleet" ? `fleet · ${st.replicas.length} upstream(s)` : "replica");
   setText("model", st.model ? "model " + st.model : "");
@@ -151,6 +170,7 @@ function render(st) {
   renderBottleneck(st.bottleneck);
   renderTenants(st.tenants);
   renderResources(st.resources);
+  renderBatch(st.batch);
   $("replicas-panel").hidden = st.kind !== "fleet";
   if (st.kind === "fleet") renderReplicas(st.replicas);
   const a = st.autoscaler;

@@ -36,7 +36,10 @@ async def dashboard_asset(name: str) -> Response:
 @router.get("/v1/dashboard/state", responses=LOOKUP)
 async def dashboard_state(request: Request) -> JSONResponse:
     name = get_state(request).config.served_model_name
-    return JSONResponse(_monitor(request).state_json(time.monotonic(), name))
+    state = _monitor(request).state_json(time.monotonic(), name)
+    batch = getattr(request.app.state, "batch", None)  # surge/batch: the Batch API's figures
+    state["batch"] = batch.summary() if batch is not None else None
+    return JSONResponse(state)
 
 
 @router.get("/v1/diagnosis", responses=LOOKUP)

@@ -19,6 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -50,14 +51,21 @@ class EnvoyConfig:
     retries: int = 0  # route retries on connect failure / reset (override_host: down the list)
     # extra listeners whose requests carry GIE's subset hint: port -> allowed endpoints
     subsets: dict[int, list[str]] = field(default_factory=dict)
+    # per-connection buffers (Envoy's default 1 MiB): small, a client that stops reading holds
+    # its stream open (back-pressure reaches the replica) instead of Envoy absorbing it
+    buffer_limit_bytes: int | None = None
 
     def render(self, port: int, admin_port: int) -> dict[str, object]:
         listeners = [_listener("main", port, self._filters(None), self.retries)]
         for i, (sub_port, subset) in enumerate(self.subsets.items()):
             listeners.append(_listener(f"subset{i}", sub_port, self._filters(subset), self.retries))
+        pool = self._pool()
+        if self.buffer_limit_bytes is not None:
+            for obj in (*listeners, pool):
+                obj["per_connection_buffer_limit_bytes"] = self.buffer_limit_bytes
         return {
             "admin": {"address": _address(admin_port)},
-            "static_resources": {"listeners": listeners, "clusters": [self._pool(), self._epp()]},
+            "static_resources": {"listeners": listeners, "clusters": [pool, self._epp()]},
         }
 
     def _filters(self, subset: list[str] | None) -> list[dict[str, object]]:
@@ -102,7 +110,7 @@ class EnvoyConfig:
         })  # fmt: skip
         return filters
 
-    def _pool(self) -> dict[str, object]:
+    def _pool(self) -> dict[str, Any]:
         limits = {"thresholds": [{"max_connections": 10000, "max_pending_requests": 10000,
                                   "max_requests": 10000, "max_retries": 1000}]}  # fmt: skip
         if self.cluster == "original_dst":
@@ -158,7 +166,7 @@ def _address(port: int, host: str | None = "127.0.0.1") -> dict[str, object]:
 
 def _listener(
     name: str, port: int, filters: list[dict[str, object]], retries: int
-) -> dict[str, object]:
+) -> dict[str, Any]:
     route: dict[str, object] = {"cluster": "pool", "timeout": "300s"}
     if retries:
         route["retry_policy"] = {"retry_on": "connect-failure,reset", "num_retries": retries}

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -84,9 +85,9 @@ def fleet(tiny_model_dir: Path) -> Iterator[Fleet]:
             started += [f.result() for f in futures]
         dead = free_port()
         subsets = {free_port(): [endpoint(started[1])], free_port(): [f"127.0.0.1:{dead}"]}
+        envoy_a = EnvoyConfig(epp_port=free_port(), subsets=subsets, buffer_limit_bytes=32768)
         a = _plane(started, ("--objective", "batch=-1", "--objective", "chat=2",
-                             "--max-in-flight-per-upstream", "1"),
-                   EnvoyConfig(epp_port=free_port(), subsets=subsets))  # fmt: skip
+                             "--max-in-flight-per-upstream", "1"), envoy_a)  # fmt: skip
         planes.append(a)
         b = _plane(started, ("--ext-proc-fallbacks", "2", "--breaker-failures", "2",
                              "--outlier-failures", "2"),
@@ -173,16 +174,22 @@ def test_saturated_pool_sheds_sheddable_requests_first(fleet: Fleet) -> None:
     on each, a sheddable request (objective `batch`, priority -1) gets 429 at once, while a
     `chat` one (priority 2) still goes through; once the streams close, `batch` goes too."""
     url = fleet.a.envoy.url + "/v1/completions"
-    body = {"model": "test-model", "prompt": "go on", "max_tokens": 4000, "ignore_eos": True,
-            "stream": True}  # fmt: skip
-    with httpx.Client(timeout=60) as http:
+    # Held open whatever the machine's speed: ~1 KiB per token (logprobs) that the client does
+    # not read through a 4 KiB receive buffer and A's 32 KiB Envoy buffers, so the stream
+    # cannot end until it is read or closed.
+    body = {"model": "test-model", "prompt": "go on", "max_tokens": 1900, "ignore_eos": True,
+            "stream": True, "logprobs": 5}  # fmt: skip
+    window = [(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)]
+    with httpx.Client(timeout=60, transport=httpx.HTTPTransport(socket_options=window)) as http:
         held = []
         for _ in fleet.servers:
             r = http.send(http.build_request("POST", url, json=body), stream=True)
-            assert r.status_code == 200
+            assert r.status_code == 200, r.read()
             next(r.iter_raw())  # it runs: one in flight on its replica
             held.append(r)
         assert len({r.headers[UPSTREAM] for r in held}) == 3  # one each: all saturated
+        ups = fleet.a.picker.health()["upstreams"]
+        assert [u["in_flight"] for u in ups.values()] == [1, 1, 1], ups  # type: ignore[union-attr]
         small = {"model": "test-model", "prompt": "hi", "max_tokens": 2}
         shed = http.post(url, json=small, headers={"x-gateway-inference-objective": "batch"})
         assert shed.status_code == 429, shed.text

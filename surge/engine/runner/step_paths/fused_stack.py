@@ -5,11 +5,11 @@ LoRA rows where adapters were set on it. Not prompt scoring (it computes sampled
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 from torch import Tensor
 
+from surge.config.settings import settings
 from surge.engine.runner.step_inputs import StepInputs, StepLayout
 from surge.engine.runner.step_paths.base import StepBatch
 from surge.models.llama import LlamaForCausalLM
@@ -28,7 +28,7 @@ class FusedStackPath:
         self.batch_invariant = batch_invariant
         # Prefill rows attend in tiles where the stack can (kernels/prefill_attention.h);
         # SURGE_TILED_PREFILL=0 attends every row alone, for A/B measurements.
-        self.tiled_prefill = os.environ.get("SURGE_TILED_PREFILL", "1") != "0"
+        self.tiled_prefill = settings().tiled_prefill
 
     @staticmethod
     def build(
