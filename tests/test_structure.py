@@ -46,6 +46,16 @@ FORBIDDEN = {
                             "surge.engine.core.engine_core", "surge.engine.runner"),
     # The server talks to the engine through its client and its configs only.
     "surge.server": (*ENGINE_INSIDE, "surge.gateway", "surge.autoscale", "surge.bench"),
+    # The Batch API is mounted by the server and the gateway and sends its lines over HTTP (to
+    # the app it is mounted in): it knows neither, nor any engine or model code.
+    "surge.batch": (
+        "surge.models",
+        "surge.engine",
+        "surge.server",
+        "surge.gateway",
+        "surge.autoscale",
+        "surge.bench",
+    ),
     "surge.http": ("surge.models", "surge.engine", "surge.server", "surge.gateway"),
     "surge.config": ("surge.models", "surge.engine", "surge.server", "surge.gateway"),
     "surge.observability": ("surge.server", "surge.gateway", "surge.bench", *ENGINE_INSIDE),
@@ -81,7 +91,7 @@ EXCEPTIONS = {
 
 # Each module at the root of surge/ and the packages beside it: a rule above, or this list.
 ROOT_MODULES = {"__init__", "sampling_params", "structured_output"}  # the public request API
-ROOT_PACKAGES = {"batch", "cli", "epp"}  # the command line, and fronts that compose the parts
+ROOT_PACKAGES = {"cli"}  # the command line: it composes every part
 
 # Modules that must not import torch, not even through the surge modules they import: the
 # scheduler describes each step as plain data (the sampler's row is engine/sample/sampling_row.py).

@@ -94,8 +94,9 @@ def _batch_policy(engine: EngineConfig, batch_api: bool) -> EngineConfig:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from surge.engine.client.spawn import spawn_engine
+    from surge.engine.client.spawn import EngineDeadError, spawn_engine
     from surge.http.event_loop import run
+    from surge.models.formats.resolve import ModelNotFoundError
 
     try:
         server = server_config(args)
@@ -103,12 +104,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as e:  # a bad flag value: say which, without a traceback
         print(f"surge serve: {e}", file=sys.stderr)
         return 2
-    # The engine starts loading the model now, while this process imports the server (torch,
-    # FastAPI: about a second) and reads the tokenizer.
+    # The engine starts loading the model now, while this process imports the server (FastAPI:
+    # about a second) and reads the tokenizer.
     engine = spawn_engine(configs[1])
     from surge.server.launch import serve
 
-    return run(serve(*configs, engine))
+    try:
+        return run(serve(*configs, engine))
+    except (ModelNotFoundError, EngineDeadError) as e:  # no model, or it cannot load: say why
+        print(f"surge serve: {e}", file=sys.stderr)
+        return 1
 
 
 # Subcommands with their own parsers and packages: `surge bench|gateway|autoscale ...`.

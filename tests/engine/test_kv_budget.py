@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from surge.engine.runner.kv_cache import (
     kv_bytes_per_token,
     step_transient_bytes,
 )
-from surge.engine.runner.loader import kv_budget, plan_load
+from surge.engine.runner.loader import kv_budget, load_memory_refusal, plan_load
 from surge.models.device import Precision
 from surge.models.formats.model_files import open_model
 from surge.models.quant import estimate_weight_bytes
@@ -100,3 +101,17 @@ def test_info_names_the_budget(smollm2_gguf_path: Path, capsys: pytest.CaptureFi
     out = capsys.readouterr().out
     assert "KV budget     the default on a cpu" in out
     assert "KV capacity   2.00 GiB" in out
+
+
+def test_a_model_too_big_to_load_is_refused_in_one_line(smollm2_gguf_path: Path) -> None:
+    """Llama-3.1-8B's shapes on a 24 GiB machine: its float32 build alone is ~30 GiB, so the load
+    is refused before it starts (the OOM killer would end it halfway), naming what it needs."""
+    small = open_model(smollm2_gguf_path).spec
+    big = replace(
+        small, vocab_size=128_256, hidden_size=4096, intermediate_size=14_336, num_layers=32,
+        num_heads=32, num_kv_heads=8, head_dim=128, tie_word_embeddings=False,
+    )  # fmt: skip
+    why = load_memory_refusal(big, torch.float32, "q4", available=int(23.5 * GIB))
+    assert why is not None and "\n" not in why
+    assert "23.5 GiB is available" in why and "float32 copy" in why
+    assert load_memory_refusal(small, torch.float32, "q4", available=int(23.5 * GIB)) is None

@@ -42,7 +42,7 @@ def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection)
     try:
         try:
             engine = EngineCore(config)
-        except (ValueError, OSError) as e:  # a bad or unreadable model: one line, no traceback
+        except (ValueError, OSError, MemoryError) as e:  # bad, unreadable or too big: one line
             log.error("engine could not start: %s", e)
             with contextlib.suppress(OSError, BrokenPipeError):
                 outbox.send(Fatal(str(e)))

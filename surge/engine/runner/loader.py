@@ -221,6 +221,31 @@ def quantization_hint(model_cfg: ModelConfig, precision: Precision) -> str | Non
     )
 
 
+def load_memory_refusal(
+    spec: ModelSpec, dtype: torch.dtype, quantization: str, available: int
+) -> str | None:
+    """Why this model cannot be loaded in `available` bytes, in one line; None if it can.
+
+    The network is built in float32 from the file's dequantized tensors and then quantized, so
+    the peak is the float32 model plus its final form; refusing before that peak beats being
+    killed by the kernel's OOM killer halfway through (an 8B's float32 copy alone is 32 GB)."""
+    float32 = estimate_weight_bytes(spec, torch.float32, "none")
+    final = (
+        0
+        if quantization == "none" and dtype == torch.float32
+        else estimate_weight_bytes(spec, dtype, quantization)
+    )
+    need = float32 + final
+    if need <= available:
+        return None
+    return (
+        f"not enough memory to load this model: it needs {need / GIB:.1f} GiB while loading "
+        f"(its {float32 / GIB:.1f} GiB float32 copy, then {final / GIB:.1f} GiB "
+        f"{quantization if quantization != 'none' else DTYPE_NAMES.get(dtype, str(dtype))}), "
+        f"and {available / GIB:.1f} GiB is available"
+    )
+
+
 def load_model(
     model_cfg: ModelConfig,
     cache_cfg: CacheConfig,
@@ -231,6 +256,12 @@ def load_model(
     spec = files.spec
     p = plan_load(model_cfg, cache_cfg, spec, sched_cfg, files.layer_format)
     precision, kv_plan, model_cfg = p.precision, p.kv_plan, p.model_cfg
+    if precision.device.type == "cpu":
+        refusal = load_memory_refusal(
+            spec, precision.dtype, model_cfg.quantization, psutil.virtual_memory().available
+        )
+        if refusal:
+            raise MemoryError(refusal)
     t0 = time.perf_counter()
     model = build_model(
         spec,

@@ -181,11 +181,12 @@ def test_saturated_pool_sheds_sheddable_requests_first(fleet: Fleet) -> None:
             "stream": True, "logprobs": 5}  # fmt: skip
     window = [(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)]
     with httpx.Client(timeout=60, transport=httpx.HTTPTransport(socket_options=window)) as http:
-        held = []
+        held, readers = [], []
         for _ in fleet.servers:
             r = http.send(http.build_request("POST", url, json=body), stream=True)
             assert r.status_code == 200, r.read()
-            next(r.iter_raw())  # it runs: one in flight on its replica
+            readers.append(r.iter_raw())  # kept: a dropped iterator would close the stream
+            next(readers[-1])  # it runs: one in flight on its replica
             held.append(r)
         assert len({r.headers[UPSTREAM] for r in held}) == 3  # one each: all saturated
         ups = fleet.a.picker.health()["upstreams"]
