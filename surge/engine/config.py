@@ -75,8 +75,9 @@ class ModelConfig:
             choices=QUANTIZATIONS,
         ),
     )
-    # torch.compile the decode step, batch sizes padded to buckets
-    compile: bool = field(default=False, metadata=flag("torch.compile the decode step (opt-in)"))
+    compile: bool = field(
+        default=False, metadata=flag("torch.compile the decode step, batch sizes padded to buckets")
+    )
     # With compile: build every decode graph at start, so no live request waits for a compile.
     compile_warmup: bool = True
     # q4 on CPU: decode steps run every layer in one compiled call
@@ -194,7 +195,6 @@ class SchedulerConfig:
             choices=SCHEDULING_POLICIES,
         ),
     )
-    # priority: waiting this long is worth one priority level (None: no aging, lows may starve).
     priority_aging_s: float | None = field(
         default=5.0,
         metadata=flag(

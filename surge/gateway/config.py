@@ -70,9 +70,9 @@ class UpstreamConfig:
 class BreakerConfig:
     """Per-upstream circuit breaker (defaults close to SGLang's model gateway)."""
 
-    # consecutive failures that open the circuit
     failure_threshold: int = field(
-        default=5, metadata=flag("consecutive failures to open", name="breaker-failures")
+        default=5,
+        metadata=flag("consecutive failures that open the circuit", name="breaker-failures"),
     )
     # or this share of failures within window_s ...
     failure_rate: float = field(
@@ -85,18 +85,17 @@ class BreakerConfig:
     window_s: float = field(
         default=60.0, metadata=flag("seconds of the failure-rate window", name="breaker-window")
     )
-    # cool-down before half-open
     open_s: float = field(
         default=30.0, metadata=flag("seconds open before half-open", name="breaker-open")
     )
-    # trial requests admitted at once while half-open
     half_open_max_requests: int = field(
         default=1,
-        metadata=flag("trial requests at once while half-open", name="breaker-half-open-requests"),
+        metadata=flag(
+            "trial requests admitted at once while half-open", name="breaker-half-open-requests"
+        ),
     )
-    # trial successes that close the circuit
     success_threshold: int = field(
-        default=2, metadata=flag("trial successes to close", name="breaker-successes")
+        default=2, metadata=flag("trial successes that close the circuit", name="breaker-successes")
     )
 
     def __post_init__(self) -> None:
@@ -114,9 +113,12 @@ class BreakerConfig:
 class RetryConfig:
     # first try included; each retry goes to an upstream not yet tried
     max_attempts: int = field(default=3, metadata=flag("tries per request, first included"))
-    # retries allowed per request over budget_window_s ...
     budget_ratio: float = field(
-        default=0.2, metadata=flag("retries per request in window", name="retry-budget-ratio")
+        default=0.2,
+        metadata=flag(
+            "retries allowed per request over the budget window (plus the minimum)",
+            name="retry-budget-ratio",
+        ),
     )
     # ... plus this many, so a quiet gateway can still retry
     budget_min_retries: int = field(
@@ -168,9 +170,8 @@ class TimeoutConfig:
     first_byte_s: float = field(
         default=60.0, metadata=flag("seconds to the first chunk", name="first-byte-timeout")
     )
-    # between two chunks of a stream
     idle_s: float = field(
-        default=30.0, metadata=flag("seconds between stream chunks", name="idle-timeout")
+        default=30.0, metadata=flag("between two chunks of a stream", name="idle-timeout")
     )
     total_s: float = field(
         default=600.0, metadata=flag("seconds per request", name="total-timeout")
@@ -196,10 +197,9 @@ class HealthConfig:
     unhealthy_threshold: int = field(default=2, metadata=flag("probe failures to leave"))
     # consecutive failures of real traffic that take it out
     outlier_failures: int = field(default=3, metadata=flag("failed requests in a row to leave"))
-    # without probes, how long an outlier stays out
     eject_s: float = field(
         default=10.0,
-        metadata=flag("seconds an outlier stays out without probes", name="eject-time"),
+        metadata=flag("without probes, how long an outlier stays out", name="eject-time"),
     )
 
     def __post_init__(self) -> None:
@@ -215,16 +215,18 @@ class HealthConfig:
 class PrefixConfig:
     """Prefix-cache-aware routing; the balance thresholds follow SGLang's cache-aware router."""
 
-    # one chained hash per this many characters of the rendered prompt
     chunk_chars: int = field(
-        default=256, metadata=flag("characters per prefix hash", name="prefix-chunk-chars")
+        default=256,
+        metadata=flag(
+            "one chained hash per this many characters of the rendered prompt",
+            name="prefix-chunk-chars",
+        ),
     )
     max_chunks: int = 256  # hash at most this many chunks of a prompt
-    # LRU bound on remembered chunk hashes
     max_entries: int = field(
-        default=100_000, metadata=flag("prefix LRU bound", name="prefix-max-entries")
+        default=100_000,
+        metadata=flag("LRU bound on remembered chunk hashes", name="prefix-max-entries"),
     )
-    # leave the cached upstream when its load exceeds the least-loaded's
     balance_abs: int = field(
         default=8,
         metadata=flag(
@@ -245,14 +247,15 @@ class PrefixConfig:
 
 @dataclass(frozen=True, slots=True)
 class LimitConfig:
-    # requests the gateway forwards at once
-    max_concurrency: int = field(default=1024, metadata=flag("requests forwarded at once"))
-    # per Authorization header; None: no per-key cap
-    max_concurrency_per_key: int | None = field(
-        default=None, metadata=flag("per Authorization header")
+    max_concurrency: int = field(
+        default=1024, metadata=flag("requests the gateway forwards at once")
     )
-    # requests waiting for a slot; beyond this, 429 at once
-    max_queue: int = field(default=1024, metadata=flag("requests waiting for a slot; then 429"))
+    max_concurrency_per_key: int | None = field(
+        default=None, metadata=flag("per Authorization header; None: no per-key cap")
+    )
+    max_queue: int = field(
+        default=1024, metadata=flag("requests waiting for a slot; beyond this, 429 at once")
+    )
     # a waiting request gives up with 429 after this long
     queue_timeout_s: float = field(
         default=30.0, metadata=flag("seconds a request may wait", name="queue-timeout")
@@ -309,7 +312,6 @@ class GatewayConfig:
     port: int = field(default=8080, metadata=flag("listen port (default 8080)"))
     upstreams: tuple[UpstreamConfig, ...] = ()
     fallback_upstreams: tuple[UpstreamConfig, ...] = ()
-    # re-read on mtime change or SIGHUP; adds to `upstreams`
     upstreams_file: str | None = field(
         default=None, metadata=flag("JSON/TOML/text file of upstreams, re-read on change or SIGHUP")
     )
@@ -318,8 +320,9 @@ class GatewayConfig:
         default=1.0, metadata=flag("seconds between file checks", name="reload-interval")
     )
     policy: Policy = Policy.PREFIX
-    # session policy key; else the body's `user`
-    session_header: str = field(default="x-session-id", metadata=flag("session policy key header"))
+    session_header: str = field(
+        default="x-session-id", metadata=flag("session policy key; else the body's `user`")
+    )
     # upstream /metrics scrapes for load; 0 turns them off
     scrape_interval_s: float = field(
         default=1.0, metadata=flag("seconds between /metrics scrapes", name="scrape-interval")
@@ -327,8 +330,9 @@ class GatewayConfig:
     max_body_bytes: int = field(
         default=8 * 1024 * 1024, metadata=flag("larger request bodies get 413")
     )
-    # the power-of-two policy and retry jitter draw from this
-    seed: int = field(default=0, metadata=flag("seed of the power-of-two draws and retry jitter"))
+    seed: int = field(
+        default=0, metadata=flag("the power-of-two policy and retry jitter draw from this")
+    )
     log_requests: bool = field(default=False, metadata=flag())
     prefix: PrefixConfig = field(default_factory=PrefixConfig, metadata=group("prefix affinity"))
     breaker: BreakerConfig = field(default_factory=BreakerConfig, metadata=group("circuit breaker"))

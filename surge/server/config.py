@@ -166,7 +166,6 @@ class GenerationDefaults:
 
 @dataclass(frozen=True, slots=True)
 class ChatConfig:
-    # Jinja text replacing the model's own
     chat_template: str | None = field(
         default=None,
         metadata=flag(
@@ -265,9 +264,12 @@ class ServerConfig:
             "GET /v1/responses/{id} (least recently used go first; 0: store none)"
         ),
     )
-    # POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read the server's files).
     allow_runtime_lora_updating: bool = field(
-        default=False, metadata=flag("serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
+        default=False,
+        metadata=flag(
+            "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (they read the "
+            "server's files)"
+        ),
     )
     auth: AuthConfig = field(default_factory=AuthConfig, metadata=group("API keys and tenants"))
     admission: AdmissionConfig = field(
