@@ -186,6 +186,11 @@ class SignalTracker:
             self._latency_s = latency_sum / latency_count
         self._previous = {x.url: (now_s, x) for x in ok}
         sources = ok + ([gateway] if gateway is not None and gateway.ok else [])
+        batch = self._batch(now_s, sources, gateway)
+        if rate is not None:
+            # Batch lines reach admission as requests do (surge:requests_received_total counts
+            # them), about as fast as they complete: the forecast is of interactive arrivals.
+            rate = max(0.0, rate - batch.lines_per_s)
         return Signals(
             replicas=len(ok),
             waiting=sum(x.waiting for x in ok),
@@ -193,7 +198,7 @@ class SignalTracker:
             kv_usage=sum(x.kv_usage for x in ok) / len(ok) if ok else 0.0,
             arrival_rps=rate,
             mean_latency_s=self._latency_s,
-            batch=self._batch(now_s, sources, gateway),
+            batch=batch,
         )
 
     def _batch(

@@ -3,7 +3,7 @@
     surge autoscale simulate --traffic sinusoid:base=2,peak=20,period=86400 --duration 1d \\
         --history 2d --profile deploy/profiles/smollm2-135m-cpu.json --slo ttft=2s,tpot=100ms \\
         [--policies reactive,keda,holt,seasonal,learned,oracle] [--json] [--plots DIR] \\
-        [--batch lines=5000,tokens=200,window=6h,at=14:00] [--stabilization surge,hpa,none]
+        [--batch lines=5000,tokens=200,window=6h,at=14:00] [--stabilization surge,hpa,hpa-pods]
     surge autoscale recommend --profile F --peak-rps 20 --slo ttft=2s,tpot=100ms
 """
 
@@ -16,31 +16,9 @@ from collections.abc import Sequence
 
 from surge.autoscale.config import AutoscalerConfig
 from surge.bench.config import Slo
-from surge.fleetsim.batch import BatchSpec, parse_span
+from surge.fleetsim.args import batch_spec, duration, slo
 from surge.fleetsim.control import POLICIES, STABILIZATIONS
 from surge.fleetsim.profile import load_profile
-
-
-def duration(text: str) -> float:
-    """bench's durations (2s, 100ms, 5m, 1.5) plus hours and days (6h, 1d)."""
-    try:
-        return parse_span(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def batch_spec(text: str) -> BatchSpec:
-    try:
-        return BatchSpec.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def slo(text: str) -> Slo:
-    try:
-        return Slo.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def simulate_parser() -> argparse.ArgumentParser:

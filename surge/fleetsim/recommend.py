@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from surge.fleetsim.cli import slo
+from surge.fleetsim.args import slo
 from surge.fleetsim.profile import CapacityProfile, load_profile, replicas_for
 
 SMOLLM2_135M_KV_BYTES = 30 * 3 * 64 * 2 * 2

@@ -70,6 +70,7 @@ def test_the_tracker_adds_replicas_and_gateway_batches() -> None:
         True,
         running=9,
         waiting=3,
+        received=100,
         batch=BatchLoad(pending=100, in_flight=4, tokens=50, window_left_s=1800, lines_per_s=0.5),
     )
     first = tracker.update(0.0, [a], gw)
@@ -81,11 +82,15 @@ def test_the_tracker_adds_replicas_and_gateway_batches() -> None:
     # for interactive requests): none is counted as an interactive request waiting.
     assert first.batch.waiting == 3 and first.interactive_waiting == 0
     assert first.ongoing == 0  # 12 sequences, all 12 of them lines (4 of a's, 8 of the gateway's)
-    gw2 = ReplicaLoad("gw", True, batch=BatchLoad(tokens=300, window_left_s=890))
-    a2 = ReplicaLoad("a", True, running=9, batch=BatchLoad(tokens=150, window_left_s=1790))
+    gw2 = ReplicaLoad("gw", True, batch=BatchLoad(tokens=300, window_left_s=890, lines_per_s=1))
+    b = BatchLoad(tokens=150, window_left_s=1790, lines_per_s=0.5)
+    a2 = ReplicaLoad("a", True, running=9, received=150, batch=b)
     later = tracker.update(10.0, [a2], gw2)
     assert later.batch.tokens_per_s == pytest.approx(30.0)  # (200 + 100) tokens in 10 s
     assert later.ongoing == 9
+    # 5 requests a second reached a's admission, 1.5 of them batch lines (they are counted
+    # there too): the forecast is fed the 3.5 interactive ones.
+    assert later.arrival_rps == pytest.approx(3.5)
 
 
 def signals(

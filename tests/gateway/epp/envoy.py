@@ -188,7 +188,7 @@ def _listener(
 
 
 class EnvoyProcess:
-    def __init__(self, config: EnvoyConfig) -> None:
+    def __init__(self, config: EnvoyConfig, *extra_args: str) -> None:
         self.port, self.admin_port = free_port(), free_port()
         self.subset_ports = list(config.subsets)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -198,7 +198,7 @@ class EnvoyProcess:
         self.log_path = log_dir() / f"envoy-{self.port}-{stamp}.log"
         self._log = self.log_path.open("wb")
         cmd = [str(envoy_binary()), "-c", str(self.config_path), "--concurrency", "1",
-               "--log-level", "warn", "--base-id", str(self.port)]  # fmt: skip
+               "--log-level", "warn", "--base-id", str(self.port), *extra_args]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
         self._wait_ready(30.0)
 
