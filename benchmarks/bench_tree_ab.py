@@ -29,7 +29,10 @@ from pathlib import Path
 WORKER = r"""
 import json, statistics, sys, time
 from surge import LLM, SamplingParams
-from surge.engine.client.outputs import EngineCoreRequest
+try:
+    from surge.engine.client.outputs import EngineCoreRequest
+except ImportError:  # a tree from before the engine's split into four parts
+    from surge.engine.outputs import EngineCoreRequest
 args = json.loads(sys.argv[1])
 llm = LLM(args["model"], quantization=args["quantization"], max_num_seqs=max(args["requests"], 4))
 text = "Large language models are served to many users at once by batching requests. " * (
