@@ -44,7 +44,7 @@ def test_static_buffer_steps_give_the_plain_steps_tokens(tiny_model_dir: Path) -
         torch.device("cpu"),
         capture=False,
     )
-    runner.graphs = graphs
+    runner.use_paths(fused=runner.fused, graphs=graphs)
     assert graphs.buckets == (1, 2, 4, 8)
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     want = [o.outputs[0].token_ids for o in ref.generate(PROMPTS, params, use_tqdm=False)]

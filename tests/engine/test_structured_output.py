@@ -195,7 +195,7 @@ def test_preempted_requests_keep_their_grammar_state(tiny_model_dir: Path) -> No
     params = SamplingParams(temperature=1.0, max_tokens=40, seed=11,
                             structured=StructuredOutput("regex", pattern))  # fmt: skip
     outs = llm.generate([f"Request {i}: " + "words " * 6 for i in range(6)], params, use_tqdm=False)
-    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.scheduler.stats.num_preemptions > 0
     for out in outs:
         assert re.fullmatch(pattern, out.outputs[0].text), out.outputs[0].text
         assert out.outputs[0].finish_reason == "stop"

@@ -133,9 +133,10 @@ def test_engine_adapters_through_the_stack(tmp_path: Path) -> None:
             "My favourite colour is", "In 1492,", "import numpy as"]  # fmt: skip
     runner.fused.stack = stack
     got = llm.generate(many, first, False, lora_name="moved")
-    runner.fused, fused = None, runner.fused  # the same engine, layer by layer
+    fused, graphs = runner.fused, runner.graphs
+    runner.use_paths(fused=None, graphs=graphs)  # the same engine, layer by layer
     want = llm.generate(many, first, False, lora_name="moved")
-    runner.fused = fused
+    runner.use_paths(fused=fused, graphs=graphs)
     assert all(w.num_cached_tokens == 0 for w in want)  # computed again, not the stack's KV
     base_out = llm.generate(many, first, False)
     noise, effect = [], []
