@@ -20,7 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from surge.models.kernels import KERNELS, TIER_FLAGS, _build_lock, _load, kernel_dir, kernel_tier
+from surge.models.kernels import (
+    KERNELS,
+    TIER_FLAGS,
+    _build_lock,
+    _load,
+    kernel_dir,
+    kernel_tier,
+    tier_runs_here,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 # The kernels' correctness tests: each compares a compiled path against torch or a reference.
@@ -91,6 +99,8 @@ def test_kernel_tests_pass_on_a_lower_tier(tier: str) -> None:
         pytest.skip(f"the tiers are x86-64's; this is {platform.machine()}")
     if _load("paged_decode", None) is None:
         pytest.skip("no C++ toolchain: no kernel builds here, at any tier")
+    if not tier_runs_here(tier):
+        pytest.skip(f"this CPU cannot run the {tier} tier's code (no {tier} instructions)")
     env = {**os.environ, "SURGE_KERNEL_TIER": tier}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
     out = subprocess.run(

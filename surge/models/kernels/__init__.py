@@ -47,6 +47,22 @@ TIER_FLAGS = {
 }
 
 
+# What a CPU needs to run a tier's code (/proc/cpuinfo's names); a tier it lacks cannot even be
+# loaded (its module's code dies with SIGILL), so it is neither built nor tested there.
+TIER_NEEDS = {
+    "native": frozenset(),
+    "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    "avx2": frozenset({"avx2", "fma", "f16c"}),
+    "scalar": frozenset(),
+}
+
+
+def tier_runs_here(tier: str) -> bool:
+    from surge.models.device import cpu_flags
+
+    return TIER_NEEDS[tier] <= cpu_flags()
+
+
 def kernel_tier() -> str:
     """The tier to build for: $SURGE_KERNEL_TIER, else native."""
     tier = settings().kernel_tier

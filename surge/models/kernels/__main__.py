@@ -24,11 +24,14 @@ def _build(name: str) -> tuple[str, bool, float]:
 
 
 def main() -> int:
-    from surge.models.kernels import KERNELS
+    from surge.models.kernels import KERNELS, kernel_tier, tier_runs_here
 
     ap = argparse.ArgumentParser(prog="python -m surge.models.kernels")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
+    if not tier_runs_here(tier := kernel_tier()):
+        print(f"SURGE_KERNEL_TIER={tier}: this CPU cannot run that tier's code; nothing built")
+        return 0
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(_build, KERNELS))
     for name, ok, seconds in results:
