@@ -18,7 +18,7 @@ class _Counters:
     """take() and reset() for a dataclass of counters that all start at their defaults."""
 
     def take(self) -> Self:
-        return copy.deepcopy(self)
+        return copy.copy(self)  # flat counters; a part holding a container copies it itself
 
     def reset(self) -> None:
         fresh = type(self)()
@@ -33,6 +33,11 @@ class SchedulerStats(_Counters):
     num_preemptions: int = 0
     num_blocked_on_kv: int = 0  # admissions stopped for want of KV blocks
     tenant_tokens: dict[str, int] = field(default_factory=dict)  # tokens scheduled per tenant
+
+    def take(self) -> SchedulerStats:
+        taken = copy.copy(self)
+        taken.tenant_tokens = dict(self.tenant_tokens)  # the scheduler goes on adding to its own
+        return taken
 
 
 @dataclass(slots=True)

@@ -34,27 +34,19 @@ STABILIZATIONS = ("surge", "hpa", "hpa-pods", "none")
 def stabilized(auto: AutoscalerConfig, name: str) -> AutoscalerConfig:
     if name == "surge":
         return auto
-    if name == "hpa":
+    if name in ("hpa", "hpa-pods"):
+        # HPA's 300 s down window, 15 s periods and Pods steps; "hpa" adds its 100% policies
+        # (the larger of the two applies), "hpa-pods" keeps the Pods steps alone.
+        percent = 100.0 if name == "hpa" else 0.0
         return dataclasses.replace(
             auto,
             scale_up_window_s=0.0,
             scale_down_window_s=300.0,
             scale_period_s=15.0,
             max_scale_up_step=4,
-            max_scale_up_percent=100.0,
+            max_scale_up_percent=percent,
             max_scale_down_step=1,
-            max_scale_down_percent=100.0,
-        )
-    if name == "hpa-pods":
-        return dataclasses.replace(
-            auto,
-            scale_up_window_s=0.0,
-            scale_down_window_s=300.0,
-            scale_period_s=15.0,
-            max_scale_up_step=4,
-            max_scale_up_percent=0.0,
-            max_scale_down_step=1,
-            max_scale_down_percent=0.0,
+            max_scale_down_percent=percent,
         )
     if name == "none":
         return dataclasses.replace(
