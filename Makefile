@@ -47,8 +47,17 @@ system-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
+# In-process tests on a worker per core first (they start no server: nothing of theirs races a
+# clock), then the tests that start processes, one at a time (their bounds are wall-clock ones).
 test: system-deps model kernels
-	$(BIN)/python -m pytest -q --durations=15 -m "not extra"
+	$(BIN)/python -m pytest -q -n $(or $(TEST_WORKERS),2) --durations=10 -m "not extra and not long and not process"
+	$(BIN)/python -m pytest -q --durations=15 -m "process and not extra and not long"
+
+# The long ones (accuracy sweeps on the real model, torch.compile checks, the soak, kill -9 under
+# load): each half a minute or more. CI runs them after `make test`.
+.PHONY: test-long
+test-long: system-deps model kernels
+	$(BIN)/python -m pytest -q --durations=10 -m "long and not extra"
 
 # The kernel tests again on kernels built for each lower instruction-set tier (cpu_features.h):
 # AVX-512 without VNNI, AVX2, plain loops (each tier's build is cached after its first run).

@@ -300,6 +300,7 @@ def _open_stream(
     return r, events
 
 
+@pytest.mark.long
 async def test_kill_9_of_one_upstream_loses_no_request(fleet: Fleet) -> None:
     """300 requests, 24 at a time, half streamed; one of three upstreams is killed -9 after 60
     have finished. Every request succeeds: those not started move to the others, and streams

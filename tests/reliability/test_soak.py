@@ -13,11 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long
 def test_short_soak_passes_its_criteria(tiny_model_dir: Path, tmp_path: Path) -> None:
     minutes = float(os.environ.get("SURGE_SOAK_MINUTES", "0.5"))
     interval_s = min(15.0, minutes * 15)  # four samples under load at least

@@ -265,6 +265,7 @@ def test_picker_death_fails_open_on_override_host(fleet: Fleet) -> None:
     fleet.b.restart_picker()
 
 
+@pytest.mark.long
 async def test_kill_9_of_one_replica_under_load_through_envoy(fleet: Fleet) -> None:
     """120 requests through B, 12 at a time, half streamed; the replica holding a long JSON
     request is killed -9 after 20 have finished. Every JSON request succeeds, the long one
