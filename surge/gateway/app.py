@@ -202,6 +202,19 @@ async def _start_background(
     if config.scrape_interval_s > 0:
         scrapes = scrape_loop(pool.all, monitor, config.scrape_interval_s, config.health.timeout_s)
         tasks.append(asyncio.create_task(scrapes))
+    if state.kv_index is not None:  # --policy kv_aware: the replicas' KV events
+        from surge.gateway.kv_subscriber import KvSubscriber  # zmq: only when asked for
+
+        kv = KvSubscriber(
+            pool,
+            state.kv_index,
+            monitor,
+            state.metrics.registry,
+            config.kv.tokenizer,
+            config.scrape_interval_s or 1.0,
+            config.health.timeout_s,
+        )
+        tasks.append(asyncio.create_task(kv.run()))
     return tasks
 
 
@@ -348,7 +361,8 @@ async def _admit_and_forward(
     timeout_s = _client_timeout(request, config.timeout_header)
     parsed = _json_object(body) if generation else None
     prefix = config.prefix if config.policy is Policy.PREFIX else None
-    key = route_key(parsed, request.headers.get(config.session_header), prefix)
+    kv = config.kv if config.policy is Policy.KV_AWARE else None
+    key = route_key(parsed, request.headers.get(config.session_header), prefix, kv)
     api_key = request.headers.get("authorization", "")
     waited_from = time.perf_counter()
     try:

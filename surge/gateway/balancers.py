@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from surge.gateway.config import Policy, PrefixConfig
+from surge.gateway.kv_balancer import KvAware
+from surge.gateway.kv_index import KvIndex
 from surge.gateway.prefix_affinity import PrefixAffinity
 from surge.gateway.upstreams import RouteKey, UpstreamSnapshot
 
@@ -202,7 +204,9 @@ class PrefixAware:
         return max(ties, key=lambda c: _hash64(f"{c.url}#{first_hash}"))  # rendezvous hashing
 
 
-def make_balancer(policy: Policy, prefix: PrefixConfig, rng: random.Random) -> Balancer:
+def make_balancer(
+    policy: Policy, prefix: PrefixConfig, rng: random.Random, kv_index: KvIndex | None = None
+) -> Balancer:
     match policy:
         case Policy.ROUND_ROBIN:
             return RoundRobin()
@@ -216,4 +220,6 @@ def make_balancer(policy: Policy, prefix: PrefixConfig, rng: random.Random) -> B
             return ConsistentHash()
         case Policy.PREFIX:
             return PrefixAware(prefix)
+        case Policy.KV_AWARE:
+            return KvAware(prefix, kv_index if kv_index is not None else KvIndex())
     raise ValueError(f"unknown policy {policy!r}")

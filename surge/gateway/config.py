@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from surge.batch.config import BatchConfig
 from surge.config.flags import flag, group
 from surge.gateway.epp.config import EppConfig
+from surge.gateway.kv_config import KvConfig
 from surge.http.deadline import TIMEOUT_HEADER
 from surge.http.discovery import DnsTarget
 from surge.observability.tracing import TracingConfig
@@ -23,6 +24,7 @@ class Policy(StrEnum):
     POWER_OF_TWO = "power_of_two"
     SESSION = "session"
     PREFIX = "prefix"
+    KV_AWARE = "kv_aware"  # by the blocks the replicas report holding (their KV events)
 
 
 class DegradeAction(StrEnum):
@@ -335,6 +337,9 @@ class GatewayConfig:
     )
     log_requests: bool = field(default=False, metadata=flag())
     prefix: PrefixConfig = field(default_factory=PrefixConfig, metadata=group("prefix affinity"))
+    kv: KvConfig = field(
+        default_factory=KvConfig, metadata=group("KV-aware routing (--policy kv_aware)")
+    )
     breaker: BreakerConfig = field(default_factory=BreakerConfig, metadata=group("circuit breaker"))
     retry: RetryConfig = field(default_factory=RetryConfig, metadata=group("retries"))
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig, metadata=group("timeouts"))

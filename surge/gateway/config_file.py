@@ -26,9 +26,11 @@ from surge.gateway.config import (
     UpstreamConfig,
 )
 from surge.gateway.epp.config import EppConfig
+from surge.gateway.kv_config import KvConfig
 
 SECTIONS: dict[str, type] = {
     "prefix": PrefixConfig,
+    "kv": KvConfig,
     "breaker": BreakerConfig,
     "retry": RetryConfig,
     "timeouts": TimeoutConfig,

@@ -15,6 +15,8 @@ from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 from surge.gateway.config import PrefixConfig
+from surge.gateway.kv_config import KvConfig
+from surge.gateway.kv_tokens import prompt_tokens
 from surge.gateway.upstreams import RouteKey
 
 
@@ -87,9 +89,11 @@ def route_key(
     body: Mapping[str, Any] | None,
     session: str | None,
     prefix: PrefixConfig | None,
+    kv: KvConfig | None = None,
 ) -> RouteKey:
     """The request's RouteKey. `session` is the session header's value; without one the body's
-    `user` keys the session. Prefix hashes only when `prefix` is given (hashing costs CPU)."""
+    `user` keys the session. Prefix hashes only when `prefix` is given, the prompt's tokens
+    only when `kv` is (both cost CPU)."""
     if body is None:
         return RouteKey(session=session)
     if session is None and isinstance(body.get("user"), str) and body["user"]:
@@ -99,6 +103,8 @@ def route_key(
         salt = f"{body.get('model', '')}\x00{body.get('cache_salt', '')}"
         text = render_for_routing(body)
         hashes = chunk_hashes(text, prefix.chunk_chars, prefix.max_chunks, salt)
+    if kv is not None and (tokens := prompt_tokens(body, kv.tokenizer, kv.max_tokens)):
+        return RouteKey(session, hashes, tokens.token_ids, tokens.cache_salt)
     return RouteKey(session=session, prefix_hashes=hashes)
 
 

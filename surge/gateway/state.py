@@ -7,7 +7,8 @@ import random
 from dataclasses import dataclass, field
 
 from surge.gateway.balancers import Balancer, make_balancer
-from surge.gateway.config import GatewayConfig
+from surge.gateway.config import GatewayConfig, Policy
+from surge.gateway.kv_index import KvIndex
 from surge.gateway.limits import ConcurrencyLimiter
 from surge.gateway.metrics import GatewayMetrics
 from surge.gateway.proxy import Proxy
@@ -28,17 +29,22 @@ class GatewayState:
     tracing: Tracing = field(default_factory=Tracing.off)  # started in the lifespan
     owners: ResponseOwners = field(default_factory=ResponseOwners)  # stored responses' homes
     draining: bool = False  # SIGTERM (launch.py): not ready, new requests get 503
+    kv_index: KvIndex | None = None  # --policy kv_aware: fed by kv_subscriber.py
 
     @classmethod
     def create(cls, config: GatewayConfig) -> GatewayState:
         rng = random.Random(config.seed)
+        # One index of every replica's blocks: what a replica holds is a fact, not a guess.
+        kv_index = KvIndex() if config.policy is Policy.KV_AWARE else None
         return cls(
             config=config,
             pool=UpstreamPool(config),
             # Each group learns on its own: a fallback's prefixes say nothing of the primaries.
             balancers={
-                g: make_balancer(config.policy, config.prefix, rng) for g in (PRIMARY, FALLBACK)
+                g: make_balancer(config.policy, config.prefix, rng, kv_index)
+                for g in (PRIMARY, FALLBACK)
             },
             metrics=GatewayMetrics(),
             limiter=ConcurrencyLimiter(config.limits),
+            kv_index=kv_index,
         )

@@ -33,6 +33,8 @@ class RouteKey:
 
     session: str | None = None  # the session policy's key (x-session-id header or body `user`)
     prefix_hashes: tuple[int, ...] = ()  # chained hashes of the prompt's chunks, in order
+    prompt_tokens: tuple[int, ...] | None = None  # the kv_aware policy's: as a replica tokenizes
+    cache_salt: str = ""  # the request's cache_salt (the engine mixes it into its block hashes)
 
 
 @dataclass(frozen=True, slots=True)

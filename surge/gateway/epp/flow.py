@@ -111,7 +111,8 @@ class Flow:
         started = time.perf_counter()
         parsed = _json_object(body) if body else None
         prefix = self.config.prefix if self.config.policy is Policy.PREFIX else None
-        key = route_key(parsed, self.headers.get(self.config.session_header), prefix)
+        kv = self.config.kv if self.config.policy is Policy.KV_AWARE else None
+        key = route_key(parsed, self.headers.get(self.config.session_header), prefix, kv)
         model = (parsed or {}).get("model")
         priority = self.picker.priority_of(self.headers.get(m.OBJECTIVE))
         request = PickRequest(key, model if isinstance(model, str) else None, priority, self.subset)
