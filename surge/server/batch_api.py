@@ -3,7 +3,11 @@ transport: no socket, no second parse of HTTP), through the same routes, middlew
 check as any request, marked as batch lines (lowest priority, their own admission pool).
 
 Their pace follows the interactive queue: while interactive requests wait for a first token
-the runner halves its lines in flight (surge/batch/throttle.py)."""
+the runner halves its lines in flight (surge/batch/throttle.py), down to a quarter of the most.
+Inside each step the engine keeps the lines out of interactive requests' way itself (they sit
+out an interactive prefill and take a bounded slice of each step: engine/core/background.py), so
+the throttle only trims how many hold slots and blocks at a peak; below a quarter the engine's
+slice would go unfed and the batch would lose the peaks' leftover."""
 
 from __future__ import annotations
 
@@ -26,7 +30,8 @@ def open_batch_service(state: ServerState, app: FastAPI) -> BatchService | None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per batch line
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     client = httpx.AsyncClient(transport=transport, base_url="http://surge-batch", timeout=None)
-    throttle = Throttle(config.min_concurrency, config.max_concurrency)
+    floor = max(config.min_concurrency, config.max_concurrency // 4)
+    throttle = Throttle(floor, config.max_concurrency)
 
     def capacity() -> int:
         return throttle.update(state.admission.pending_requests, time.monotonic())
