@@ -7,6 +7,7 @@ the values; real weights remain the test of accuracy. Say so wherever its figure
     python benchmarks/make_shape_gguf.py llama-3.2-1b            # F16, then Q4_K_M, Q4_0, Q8_0
     python benchmarks/make_shape_gguf.py llama-3.1-8b --types Q4_K_M --drop-f16
     python benchmarks/make_shape_gguf.py llama-3.2-1b --layers 2 --no-quantize  # a quick check
+    python benchmarks/make_shape_gguf.py llama-3.1-8b --types Q4_0 --direct --drop-f16
     python benchmarks/make_shape_gguf.py --list
 
 What it writes, in --out-dir (default ~/.cache/surge/shapes): NAME.F16.gguf (NAME is the shape,
@@ -57,6 +58,9 @@ CHUNK = 1 << 24  # random values drawn per step (64 MiB of float32)
 QUANT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L",
                "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K")  # fmt: skip
 DEFAULT_TYPES = "Q4_K_M,Q4_0,Q8_0"
+# What gguf.quants quantizes itself (--direct): every matrix in the type, the embedding and LM
+# head too, where llama-quantize stores those as Q6_K (so its Q4_0 file is a little larger).
+DIRECT_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 LLAMACPP_WORK = Path(os.environ.get("LLAMACPP_WORK", "/tmp/surge-llamacpp"))
 DEFAULT_QUANTIZE = LLAMACPP_WORK / "build" / "bin" / "llama-quantize"
 _UNUSED = int(gguf.TokenType.UNUSED)  # the type convert_hf_to_gguf gives its [PAD] tokens
@@ -230,7 +234,9 @@ def fit_vocab(fields: dict[str, Any], size: int) -> dict[str, Any]:
     return out
 
 
-def add_metadata(writer: gguf.GGUFWriter, shape: Shape, tokenizer: dict[str, Any]) -> None:
+def add_metadata(
+    writer: gguf.GGUFWriter, shape: Shape, tokenizer: dict[str, Any], kind: str = "F16"
+) -> None:
     """The keys llama.cpp's converter writes for this architecture, in its order."""
     writer.add_type("model")
     writer.add_name(f"{shape.title} (real shapes, random weights)")
@@ -251,7 +257,7 @@ def add_metadata(writer: gguf.GGUFWriter, shape: Shape, tokenizer: dict[str, Any
     if shape.arch != "qwen2" or shape.head_dim != shape.hidden // shape.heads:
         writer.add_key_length(shape.head_dim)
         writer.add_value_length(shape.head_dim)
-    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))
+    writer.add_file_type(int(getattr(gguf.LlamaFileType, f"MOSTLY_{kind}")))
     if shape.arch == "llama":  # the converter's Llama class alone writes these two
         writer.add_vocab_size(shape.vocab)
         writer.add_rope_dimension_count(shape.head_dim)
@@ -269,16 +275,34 @@ def add_metadata(writer: gguf.GGUFWriter, shape: Shape, tokenizer: dict[str, Any
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
+def quantized_rows(values: np.ndarray, kind: gguf.GGMLQuantizationType) -> np.ndarray:
+    """gguf.quants' blocks of a matrix, rows in chunks (its float32 transients stay small)."""
+    rows = max(1, CHUNK // values.shape[1])
+    return np.concatenate([gguf.quants.quantize(values[a : a + rows].astype(np.float32), kind)
+                           for a in range(0, len(values), rows)])  # fmt: skip
+
+
 def write_shape_gguf(
-    shape: Shape, path: Path, tokenizer_from: Path, seed: int = 0, progress: bool = True
+    shape: Shape,
+    path: Path,
+    tokenizer_from: Path,
+    seed: int = 0,
+    progress: bool = True,
+    kind: str = "F16",
 ) -> Path:
-    """Write the F16 file to `path` (under a .part name first), one tensor in memory at a time."""
+    """Write the file to `path` (under a .part name first), one tensor in memory at a time:
+    matrices F16, or (kind, one of DIRECT_TYPES) quantized by gguf.quants from the same values."""
     tokenizer = fit_vocab(GGUFFile(tokenizer_from).fields, shape.vocab)
     plan = tensor_plan(shape)
     part = path.with_name(path.name + ".part")
     writer = gguf.GGUFWriter(part, shape.arch)
-    add_metadata(writer, shape, tokenizer)
+    add_metadata(writer, shape, tokenizer, kind)
+    qtype = None if kind == "F16" else gguf.GGMLQuantizationType[kind]
     for spec in plan:
+        if qtype is not None and spec.kind == "matrix":
+            dims = gguf.quants.quant_shape_to_byte_shape(spec.dims, qtype)
+            writer.add_tensor_info(spec.name, dims, np.dtype(np.uint8), math.prod(dims), qtype)
+            continue
         writer.add_tensor_info(spec.name, spec.dims, np.dtype(spec.dtype), spec.nbytes)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -288,7 +312,10 @@ def write_shape_gguf(
     end = "\r" if sys.stderr.isatty() else "\n"
     for spec in plan:
         values = tensor_values(spec, shape, seed)
-        writer.write_tensor_data(values)
+        if qtype is not None and spec.kind == "matrix":
+            writer.write_tensor_data(quantized_rows(values, qtype))
+        else:
+            writer.write_tensor_data(values)
         done += values.size
         del values
         now = time.monotonic()
@@ -352,12 +379,17 @@ def _quantize_plan(args: argparse.Namespace) -> tuple[Path | None, list[str]]:
         raise SystemExit(f"unknown --types {bad}; known: {', '.join(QUANT_TYPES)}")
     if args.no_quantize or not types:
         return None, []
+    if args.direct:
+        if bad := [t for t in types if t not in DIRECT_TYPES]:
+            raise SystemExit(f"--direct makes {', '.join(DIRECT_TYPES)} only, not {bad}")
+        return None, types
     binary = Path(args.quantize) if args.quantize else DEFAULT_QUANTIZE
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         if args.quantize:
             raise SystemExit(f"--quantize {binary}: not an executable file")
         build = "BUILD_ONLY=1 bash benchmarks/bench_llamacpp.sh"
-        print(f"no llama-quantize at {binary} (build it: {build}): F16 only", file=sys.stderr)
+        print(f"no llama-quantize at {binary} (build it: {build}, or --direct for "
+              f"{'/'.join(DIRECT_TYPES)}): F16 only", file=sys.stderr)  # fmt: skip
         return None, []
     return binary, types
 
@@ -380,18 +412,21 @@ def _iter_outputs(args: argparse.Namespace) -> Iterator[Path]:
     targets = [(t, out_dir / f"{stem}.{t}.gguf") for t in types]
     todo = [(t, p) for t, p in targets if args.force or not p.exists()]
     f16_bytes = sum(s.nbytes for s in tensor_plan(shape))
-    wanted_f16 = todo or not args.drop_f16
+    wanted_f16 = (todo and not args.direct) or not args.drop_f16
     write_f16 = bool(wanted_f16) and (args.force or not f16.exists())
     _check_disk(out_dir, f16_bytes, write_f16, len(todo))
+    tokenizer_from = Path(args.tokenizer_from) if args.tokenizer_from else _smollm2()
     if write_f16:
         print(f"writing {f16} ({shape.params / 1e9:.2f}B parameters, {f16_bytes / 1e9:.2f} GB; "
               "real shapes, random weights)", file=sys.stderr)  # fmt: skip
-        tokenizer_from = Path(args.tokenizer_from) if args.tokenizer_from else _smollm2()
         write_shape_gguf(shape, f16, tokenizer_from, seed=args.seed)
     if wanted_f16 and not args.drop_f16:
         yield f16
     for kind, target in targets:
-        if (kind, target) in todo:
+        if (kind, target) in todo and args.direct:
+            print(f"writing {target} (gguf.quants, every matrix {kind})", file=sys.stderr)
+            write_shape_gguf(shape, target, tokenizer_from, seed=args.seed, kind=kind)
+        elif (kind, target) in todo:
             print(f"quantizing to {kind}: {target}", file=sys.stderr)
             assert binary is not None
             quantize(binary, f16, target, kind)
@@ -420,6 +455,8 @@ def main(argv: list[str] | None = None) -> None:
         "--types", default=DEFAULT_TYPES, help="e.g. Q4_K_M,Q4_0 (llama-quantize's names)"
     )
     parser.add_argument("--no-quantize", action="store_true", help="write the F16 file only")
+    parser.add_argument("--direct", action="store_true",
+                        help="Q4_0/Q4_1/Q8_0 by gguf.quants, no llama-quantize")  # fmt: skip
     parser.add_argument("--drop-f16", action="store_true", help="delete the F16 file at the end")
     parser.add_argument("--force", action="store_true", help="write files that exist again")
     args = parser.parse_args(argv)

@@ -20,8 +20,9 @@ ENGINE_INSIDE = ("surge.engine.core", "surge.engine.runner", "surge.engine.sampl
 NETWORKS = tuple(
     f"surge.models.{n}"
     for n in (
-        "amx", "attention", "bert", "build", "device", "embedding", "evaluate", "kernels",
-        "kv_quant", "layers", "llama", "lora", "q4", "q4_decode", "quant", "weights",
+        "amx", "attention", "bert", "build", "device", "embedding", "evaluate", "forms",
+        "kernels", "kv_quant", "layers", "llama", "lora", "q4", "q4_decode", "quant",
+        "stream_load", "weights",
     )
 )  # fmt: skip
 
@@ -57,6 +58,10 @@ FORBIDDEN = {
         "surge.bench",
     ),
     "surge.http": ("surge.models", "surge.engine", "surge.server", "surge.gateway"),
+    # The KV-events contract (block hashes, wire format): the engine publishes it, the gateway
+    # reads it, and neither may import the other, so it imports neither.
+    "surge.kv_events": ("surge.models", "surge.engine", "surge.server", "surge.gateway",
+                        "surge.bench"),
     "surge.config": ("surge.models", "surge.engine", "surge.server", "surge.gateway"),
     "surge.observability": ("surge.server", "surge.gateway", "surge.bench", *ENGINE_INSIDE),
     # The autoscaler talks to replicas and the gateway over HTTP and files, and starts them
@@ -87,6 +92,12 @@ EXCEPTIONS = {
     # The weights, as tensors, are read in the engine process when ModelFiles.weights() runs.
     ("surge.models.formats.model_files", "surge.models.weights.gguf"),
     ("surge.models.formats.model_files", "surge.models.weights.safetensors"),
+    # --policy kv_aware looks up the replicas' block hashes, which are hashes of token ids: the
+    # gateway tokenizes as they do, with the model's tokenizer and chat template (torch-free
+    # readers, surge.models.formats's own rule), in this one module.
+    ("surge.gateway.kv_tokens", "surge.models.formats.model_files"),
+    ("surge.gateway.kv_tokens", "surge.models.formats.resolve"),
+    ("surge.gateway.kv_tokens", "surge.models.formats.tokenizer"),
 }
 
 # Each module at the root of surge/ and the packages beside it: a rule above, or this list.

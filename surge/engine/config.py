@@ -10,7 +10,7 @@ from surge.config.flags import each, flag, group
 # "auto" (resolved at load: surge/engine/runner/loader.py) and
 # surge.models.quant.QUANTIZATIONS, spelled out so that configs import without torch (a test
 # keeps the two equal).
-QUANTIZATIONS = ("auto", "none", "int8", "int8-weight-only", "w8a8", "q4")
+QUANTIZATIONS = ("auto", "none", "int8", "int8-weight-only", "w8a8", "q4", "q4-int8", "gguf")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 KV_CACHE_DTYPES = (*DTYPES, "int8")
 
@@ -62,16 +62,18 @@ class ModelConfig:
         default=True,
         metadata=flag("torch ops only (no compiled CPU attention)", name="no-kernels", negate=True),
     )
-    # auto (a GGUF's own 4-bit blocks where this CPU has their kernel, else none) | none |
-    # int8 (kernel chosen per batch shape) | int8-weight-only | w8a8 | q4
-    # (surge/engine/runner/loader.py resolve_quantization, surge/models/quant.py,
-    # surge/models/q4.py)
+    # auto (a quantized GGUF's matrices in their types' forms on a CPU with the kernels, else
+    # none) | none | int8 (kernel chosen per batch shape) | int8-weight-only | w8a8 | q4 |
+    # q4-int8 | gguf (surge/engine/runner/loader.py resolve_quantization, surge/models/forms.py,
+    # surge/models/quant.py, surge/models/q4.py)
     quantization: str = field(
         default="auto",
         metadata=flag(
-            "auto: a Q4_1 GGUF's own 4-bit blocks (q4) on a CPU with their kernel (AVX2 or "
-            "AVX-512 VNNI), else none; int8 weights (per-channel scales; int8 picks the kernel per "
-            "batch shape); q4: 4-bit blocks (GGUF Q4_1) for decode batches, int8 for larger ones",
+            "auto: a quantized GGUF on a CPU with the kernels keeps Q4_0/Q4_1 blocks as q4 and "
+            "runs other types int8 (gguf), else none; int8 weights (per-channel scales; int8 "
+            "picks the kernel per batch shape); q4: 4-bit blocks (GGUF Q4_0/Q4_1 mapped exactly) "
+            "for every batch; q4-int8: q4 plus an int8 copy for large batches (1.625 bytes a "
+            "weight: faster past 8 rows on VNNI/AMX CPUs); gguf: each matrix by its GGML type",
             choices=QUANTIZATIONS,
         ),
     )
@@ -212,6 +214,20 @@ class SchedulerConfig:
             to_field=_zero_is_none,
         ),
     )
+    # priority: requests that such a waiting request could preempt (Batch API lines behind
+    # interactive requests) sit out the steps of its prefill, and while more urgent work is
+    # present may lengthen a step by at most this (engine/core/background.py; None: no bound).
+    background_step_ms: float | None = field(
+        default=25.0,
+        metadata=flag(
+            "while more urgent work is present, requests it could preempt may lengthen an engine "
+            "step by at most this many milliseconds, priced by the engine's measured step costs "
+            "(0: no bound)",
+            to_field=_zero_is_none,
+        ),
+    )
+    # ...and for this long after it was last seen (more is likely to come).
+    background_quiet_s: float = 10.0
     # fair: token service is weighted per tenant; a tenant's share is its weight over the sum.
     tenant_weights: tuple[tuple[str, float], ...] = field(
         default=(),
@@ -261,6 +277,12 @@ class SchedulerConfig:
             raise ValueError(
                 f"preemption_threshold must be >= 1 or None, got {self.preemption_threshold}"
             )
+        if self.background_step_ms is not None and not self.background_step_ms > 0:
+            raise ValueError(
+                f"background_step_ms must be > 0 or None, got {self.background_step_ms}"
+            )
+        if self.background_quiet_s < 0:
+            raise ValueError(f"background_quiet_s must be >= 0, got {self.background_quiet_s}")
         for tenant, weight in self.tenant_weights:
             if not weight > 0:
                 raise ValueError(f"tenant_weights: weight of {tenant!r} must be > 0, got {weight}")
@@ -353,6 +375,45 @@ def speculative_config(text: str | None) -> SpeculativeConfig:
         raise SystemExit(f"--speculative-config: {e}") from None
 
 
+KV_EVENTS_SCHEMES = ("tcp://", "ipc://", "inproc://")
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventsConfig:
+    """What enters and leaves the prefix cache, published in vLLM's KV-events format
+    (surge/kv_events/wire.py) for a router's index; off unless an endpoint is given."""
+
+    endpoint: str | None = field(
+        default=None,
+        metadata=flag(
+            "bind a ZMQ PUB socket here and publish the prefix cache's KV events, e.g. "
+            "tcp://127.0.0.1:5557 (port *: any free one; default: off)"
+        ),
+    )
+    replay_endpoint: str | None = field(
+        default=None,
+        metadata=flag("bind a ZMQ ROUTER here that resends missed batches (vLLM's replay)"),
+    )
+    topic: str = field(default="", metadata=flag("the first frame of every message"))
+    buffer_steps: int = field(
+        default=10_000, metadata=flag("batches kept for replay (one per engine step with events)")
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("endpoint", "replay_endpoint"):
+            value = getattr(self, name)
+            if value is not None and not value.startswith(KV_EVENTS_SCHEMES):
+                raise ValueError(f"kv_events.{name} must be tcp://, ipc:// or inproc://: {value!r}")
+        if self.replay_endpoint is not None and self.endpoint is None:
+            raise ValueError("kv_events.replay_endpoint needs kv_events.endpoint")
+        if self.buffer_steps < 1:
+            raise ValueError(f"kv_events.buffer_steps must be >= 1, got {self.buffer_steps}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.endpoint is not None
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Each part's flags are one argument group of `surge serve --help` (surge/config/flags.py)."""
@@ -374,5 +435,11 @@ class EngineConfig:
             metavar="JSON",
             to_field=speculative_config,
             group="speculative decoding",
+        ),
+    )
+    kv_events: KVEventsConfig = field(
+        default_factory=KVEventsConfig,
+        metadata=group(
+            "KV events (vLLM's format over ZMQ, for KV-aware routers)", prefix="kv-events-"
         ),
     )

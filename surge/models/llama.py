@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from surge.models.attention import AttnMetadata, paged_attention
 from surge.models.formats.spec import ModelSpec
 from surge.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from surge.models.q4 import Q4Linear
 from surge.models.quant import Int8Embedding, Int8Linear
 
 
@@ -149,7 +150,7 @@ class LlamaForCausalLM(nn.Module):
 
     def _logits(self, x: Tensor) -> Tensor:
         # float32 logits: the sampler works in fp32, and argmax over bf16 is ~2x slower on CPU.
-        if isinstance(self.lm_head, Int8Linear):  # straight to float32: no bf16 pass between
+        if isinstance(self.lm_head, (Int8Linear, Q4Linear)):  # float32 out: no bf16 pass
             return self.lm_head(x, torch.float32)
         if self.lm_head is not None:
             return self.lm_head(x).float()

@@ -104,13 +104,14 @@ class FusedQ4Decode:
                 and all(p.kernels for p in (qkv, o, gate_up, down))
             ):
                 return None
-            bias = qkv.int8.bias
+            bias = qkv.bias
             weights += [layer.input_layernorm.weight, qkv.qs, qkv.dm]
             weights.append(bias if bias is not None else torch.empty(0))
             weights += [o.qs, o.dm, layer.post_attention_layernorm.weight]
             weights += [gate_up.qs, gate_up.dm, down.qs, down.dm]
             for p in (qkv, o, gate_up, down):
-                int8 += [p.int8.weight, p.int8.scale, p.int8.wsum] if p.int8.packed else []
+                if p.int8 is not None and p.int8.packed:  # the q4-int8 quantization's copies
+                    int8 += [p.int8.weight, p.int8.scale, p.int8.wsum]
         if len(int8) != 12 * len(model.layers):
             int8 = []
         if q4_max_rows is None:

@@ -19,23 +19,24 @@ Which matmul runs depends on M, the rows of the activation (tokens in the step):
                          GEMM: no activation rounding, for accuracy comparisons.
 
 "w8a8" takes the W8A8 path at every M.
-"q4" keeps 4-bit block weights (GGUF's Q4_1 scheme, surge/models/q4.py) for M <= gemv_max_rows
-                         beside the int8 ones for larger M; the embedding and LM head stay int8.
+"q4" keeps 4-bit block weights (GGUF's Q4_1 scheme, surge/models/q4.py) for every M; "q4-int8"
+                         adds an int8 copy of each layer for large M; "gguf" keeps each matrix
+                         in the form its GGML type maps to (surge/models/forms.py).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from surge.models.device import cpu_flags
-from surge.models.formats.spec import ModelSpec
 from surge.models.kernels import load_w8a8_linear
 
-QUANTIZATIONS = ("none", "int8", "int8-weight-only", "w8a8", "q4")
+QUANTIZATIONS = ("none", "int8", "int8-weight-only", "w8a8", "q4", "q4-int8", "gguf")
 INT8_MODES = ("int8", "int8-weight-only", "w8a8")
 # Measured on a 2-core AVX512-VNNI CPU (benchmarks/bench_precision.py --kernels): the GEMV beats
 # quantize + _int_mm + dequantize up to 8 rows at SmolLM2's shapes.
@@ -153,6 +154,10 @@ class Int8Linear(nn.Module):
         picked = self.weight[ids // 16, :, ids % 16, :]  # [n, K/4, 4]
         return picked.reshape(ids.shape[0], -1)[:, : self.in_features]
 
+    def lookup(self, ids: Tensor) -> Tensor:
+        """Rows `ids` of the weights in float32 (the layer as a tied embedding)."""
+        return self.rows(ids).to(torch.float32) * self.scale.index_select(0, ids)[:, None]
+
     def path(self, rows: int) -> str:
         """The kernel that runs for `rows` activation rows: "packed", "gemv", "w8a8" or
         "dequant"."""
@@ -223,13 +228,14 @@ class Int8Linear(nn.Module):
 
 
 class Int8Embedding(nn.Module):
-    """Token embedding stored as int8 rows with per-row scales; a lookup dequantizes its rows.
+    """Token embedding stored as int8 rows with per-row scales (or as 4-bit blocks, a Q4Linear
+    head, where the file stores it in Q4_0/Q4_1); a lookup dequantizes its rows.
 
-    With tied embeddings the same int8 matrix is the LM head: row v of the embedding is output
+    With tied embeddings the same matrix is the LM head: row v of the embedding is output
     channel v of the head, so one per-row scale serves both and the weights are stored once.
     """
 
-    def __init__(self, head: Int8Linear, dtype: torch.dtype) -> None:
+    def __init__(self, head: nn.Module, dtype: torch.dtype) -> None:
         super().__init__()
         self.head = head  # its weight and scale are the embedding's rows and row scales
         self.dtype = dtype
@@ -242,8 +248,12 @@ class Int8Embedding(nn.Module):
         return cls(Int8Linear(q, scale, None, mode, kernels), dtype)
 
     def forward(self, ids: Tensor) -> Tensor:  # [num_tokens] -> [num_tokens, hidden]
-        rows = self.head.rows(ids).to(torch.float32)
-        return (rows * self.head.scale.index_select(0, ids)[:, None]).to(self.dtype)
+        head = cast(_RowLookup, self.head)  # Int8Linear or Q4Linear: float32 rows
+        return head.lookup(ids).to(self.dtype)
+
+
+class _RowLookup(Protocol):
+    def lookup(self, ids: Tensor) -> Tensor: ...
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -255,26 +265,4 @@ def weight_bytes(model: nn.Module) -> int:
             continue
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
-    return total
-
-
-def estimate_weight_bytes(spec: ModelSpec, dtype: torch.dtype, quantization: str = "none") -> int:
-    """What `weight_bytes` of the built model will be, from the spec alone (no weights read)."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    h, inter = spec.hidden_size, spec.intermediate_size
-    q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    qkv = q_size + 2 * kv_size
-    # (in_features, out_features) of every matrix; the embedding is (hidden, vocab) row-wise.
-    layers = [(h, qkv), (q_size, h), (h, 2 * inter), (inter, h)] * spec.num_layers
-    matrices = [*layers, (h, spec.vocab_size)]
-    if not spec.tie_word_embeddings:
-        matrices.append((h, spec.vocab_size))
-    norms = (2 * spec.num_layers + 1) * h * elem
-    biases = spec.num_layers * qkv if spec.attention_bias else 0
-    if quantization == "none":
-        return sum(k * n for k, n in matrices) * elem + norms + biases * elem
-    # int8 weights; per output channel (row) a float32 scale and an int32 row sum; float32 biases.
-    total = sum(k * n + 8 * n for k, n in matrices) + norms + 4 * biases
-    if quantization == "q4":  # plus the layers' 4-bit copy: K/2 bytes and K/32 (d, m) per row
-        total += sum(k * n // 2 + k // 32 * 4 * n for k, n in layers if k % 64 == 0)
     return total

@@ -26,9 +26,10 @@ from surge.models.device import (
 )
 from surge.models.evaluate import perplexity, score, token_logprobs
 from surge.models.formats.model_files import ModelFiles, open_model
+from surge.models.forms import estimate_weight_bytes
 from surge.models.kernels import load_q4_linear
 from surge.models.q4 import Q4Linear, dequantize_q4
-from surge.models.quant import Int8Linear, estimate_weight_bytes, weight_bytes
+from surge.models.quant import Int8Linear, weight_bytes
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -67,7 +68,7 @@ def test_config_and_model_agree_on_the_quantizations() -> None:
 
     assert ("auto", *quant.QUANTIZATIONS) == config.QUANTIZATIONS  # auto: resolved at load
     with pytest.raises(
-        ValueError, match=r"auto\|none\|int8\|int8-weight-only\|w8a8\|q4, got 'int4'"
+        ValueError, match=r"auto\|none\|int8\|int8-weight-only\|w8a8\|q4\|q4-int8\|gguf, got 'int4'"
     ):
         config.ModelConfig(quantization="int4")
 
@@ -153,7 +154,7 @@ def test_weight_memory_estimate_is_exact(
     spec = llm.engine.files.spec
     assert weight_bytes(model) == estimate_weight_bytes(spec, getattr(torch, dtype), quantization)
     projections = {name: m for name, m in model.named_modules() if name.endswith("_proj")}
-    if quantization == "q4":  # 4-bit layers (int8 copy inside), the head int8 only
+    if quantization == "q4":  # 4-bit layers (no int8 copy), the head int8 only
         assert all(isinstance(m, Q4Linear) for m in projections.values())
         assert isinstance(model.lm_head, Int8Linear)
     elif quantization != "none":
@@ -161,6 +162,7 @@ def test_weight_memory_estimate_is_exact(
         assert isinstance(model.lm_head, Int8Linear)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("quantization", "num_prompts"), [("none", 3), ("int8", 3), ("q4", 3), ("none", 10)]
@@ -199,6 +201,7 @@ def test_compiled_graphs_are_kept_under_surges_cache(tiny_model_dir: Path, tmp_p
     assert out.stdout.split()[-1] == str(tmp_path)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_compile_warmup_builds_every_graph_before_a_request(tiny_model_dir: Path) -> None:
     """With the warm-up (the default) every graph exists once the engine is built, on padding
@@ -280,11 +283,15 @@ def test_auto_quantization_runs_a_q4_1_ggufs_own_blocks_where_the_kernel_is(
     assert resolve_quantization(ModelConfig(use_kernels=False), cpu, "Q4_1")[0] == "none"
     cuda = Precision(torch.device("cuda"), torch.bfloat16, "test")
     assert resolve_quantization(auto, cuda, "Q4_1")[0] == "none"
-    # A K-quant GGUF (Gemma 3 270M's Q4_K_M) or Q8_0 blocks: int8 on a CPU, floats on a GPU.
-    assert resolve_quantization(auto, cpu, "mixed") == (
-        "int8", "auto: the layers are stored in mixed K-quants; int8 keeps them on this CPU",
+    # A K-quant GGUF (Gemma 3 270M's Q4_K_M): each matrix by its type (forms.FORM_BY_TYPE: the
+    # K-quants on their own blocks); Q8_0 blocks int8, Q4_0 4-bit; floats on a GPU.
+    mixed = resolve_quantization(auto, cpu, "mixed")
+    assert mixed[0] == ("gguf" if kernel is not None and load_q4_linear() is not None else "int8")
+    assert resolve_quantization(auto, cpu, "Q8_0") == (
+        "int8", "auto: the layers are stored in Q8_0 blocks; int8 keeps them on this CPU",
     )  # fmt: skip
-    assert resolve_quantization(auto, cpu, "Q8_0")[0] == "int8"
+    if kernel is not None and load_q4_linear() is not None:
+        assert resolve_quantization(auto, cpu, "Q4_0")[0] == "q4"
     assert resolve_quantization(auto, cuda, "mixed")[0] == "none"
     assert resolve_quantization(ModelConfig(use_kernels=False), cpu, "mixed")[0] == "none"
 
@@ -332,6 +339,7 @@ def smollm2(smollm2_gguf_path: Path) -> Iterator[dict[str, LLM]]:
     yield llms
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_perplexity_close_to_float32(smollm2: dict[str, LLM]) -> None:
     tok = smollm2["float32"].tokenizer
@@ -352,6 +360,7 @@ def test_perplexity_close_to_float32(smollm2: dict[str, LLM]) -> None:
     assert abs(ppl["kv_int8"] / ppl["float32"] - 1) < 0.015
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_greedy_agreement_with_float32(smollm2: dict[str, LLM]) -> None:
     """8 prompts x 24 greedy tokens, batched (the full 64 x 64 is benchmarks/bench_precision.py).

@@ -100,7 +100,7 @@ def test_the_engine_answers_the_same_on_amx_tiles(tiny_q4_dir: Path, engine: str
     the fused stack's int8 path): the same tokens and the same logprobs, bit for bit."""
     if engine == "hardware" and not amx.hardware_ok():
         pytest.skip("no usable AMX on this CPU")
-    llm = LLM(str(tiny_q4_dir), dtype="float32", quantization="q4", max_num_seqs=32,
+    llm = LLM(str(tiny_q4_dir), dtype="float32", quantization="q4-int8", max_num_seqs=32,
               enable_prefix_caching=False)  # fmt: skip
     assert llm.engine.runner.fused is not None
     gen = torch.Generator().manual_seed(3)
@@ -130,7 +130,8 @@ def test_surge_amx_reaches_the_fused_stack(tiny_q4_dir: Path) -> None:
         "import sys\n"
         "from surge import LLM, SamplingParams\n"
         "from surge.models.kernels import load_q4_decode\n"
-        "llm = LLM(sys.argv[1], dtype='bfloat16', quantization='q4', enable_prefix_caching=False)\n"
+        "llm = LLM(sys.argv[1], dtype='bfloat16', quantization='q4-int8',\n"
+        "          enable_prefix_caching=False)\n"
         "assert llm.engine.runner.fused is not None\n"
         "m = load_q4_decode()\n"
         "gemm, attn = m.amx_calls(), m.amx_attention_calls()\n"

@@ -101,18 +101,45 @@ def test_kernel_is_the_file_weights_times_the_rounded_activations(k: int, n: int
 
 
 @needs_kernel
-def test_q4_linear_takes_the_4_bit_kernel_for_decode_batches_only() -> None:
+def test_q4_linear_takes_the_4_bit_kernel_at_every_batch_size() -> None:
+    """No int8 copy by default: the 4-bit kernel serves 1 row and 600 alike (q4_gemv goes 8
+    rows a pass, so large batches are its loop, checked against dequantized weights)."""
     torch.manual_seed(2)
     linear = torch.nn.Linear(128, 48, bias=True)
     layer = Q4Linear.from_float(linear, kernels=True)
+    assert layer.int8 is None
+    for rows in (1, GEMV_MAX_ROWS, 64, 600):
+        x = torch.randn(rows, 128)
+        want = torch.ops.surge.q4_gemv(x, layer.qs, layer.dm, layer.bias)
+        assert torch.equal(layer(x), want)
+        ref = _rounded_per_block(x) @ dequantize_q4(layer.qs, layer.dm).t() + layer.bias
+        torch.testing.assert_close(layer(x), ref, rtol=1e-4, atol=2e-3)
+    # The layer is the linear one, 16 levels per block of uniform weights: ~6% error.
+    small = torch.randn(4, 128)
+    ref = linear(small).detach()
+    assert ((layer(small) - ref).norm() / ref.norm()).item() < 0.1
+
+
+@needs_kernel
+def test_q4_int8_keeps_an_int8_copy_for_large_batches() -> None:
+    torch.manual_seed(2)
+    linear = torch.nn.Linear(128, 48, bias=True)
+    layer = Q4Linear.from_float(linear, kernels=True, int8_copy=True)
+    assert layer.int8 is not None
     small = torch.randn(GEMV_MAX_ROWS, 128)
-    want = torch.ops.surge.q4_gemv(small, layer.qs, layer.dm, layer.int8.bias)
+    want = torch.ops.surge.q4_gemv(small, layer.qs, layer.dm, layer.bias)
     assert torch.equal(layer(small), want)
     # Past gemv_max_rows (8; without VNNI, where the 4-bit kernel outruns every int8 path,
     # NO_VNNI_GEMV_MAX_ROWS) the int8 copy.
     assert layer.gemv_max_rows == (GEMV_MAX_ROWS if cpu_int8_fast() else NO_VNNI_GEMV_MAX_ROWS)
     big = torch.randn(layer.gemv_max_rows + 1, 128)
     assert torch.equal(layer(big), layer.int8(big))
-    # Both paths compute the same layer (16 levels per block of uniform weights: ~6% error).
-    ref = linear(small).detach()
-    assert ((layer(small) - ref).norm() / ref.norm()).item() < 0.1
+
+
+def test_q4_linear_without_kernels_dequantizes() -> None:
+    torch.manual_seed(3)
+    linear = torch.nn.Linear(128, 16, bias=True)
+    layer = Q4Linear.from_float(linear, kernels=False)
+    x = torch.randn(5, 128)
+    want = x @ dequantize_q4(layer.qs, layer.dm).t() + linear.bias.detach()
+    torch.testing.assert_close(layer(x), want)

@@ -63,6 +63,10 @@ class Ready:
     # (tokens, rows, seconds) of steps measured at start (engine/core/calibrate.py); ():
     # skipped.
     step_samples: tuple[tuple[int, int, float], ...] = ()
+    # The KV events' bound ZMQ addresses (engine/core/kv_publisher.py); None: events are off.
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    kv_events_topic: str = ""
 
 
 @dataclass(frozen=True, slots=True)

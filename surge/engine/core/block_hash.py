@@ -1,62 +1,11 @@
 """Chained content hashes of full KV-cache blocks, the keys of the prefix cache.
 
-A block's hash covers its parent's hash and its own token ids, so equal hashes mean equal
-whole prefixes (up to a 128-bit collision, which the BlockManager also guards against by
-comparing token ids). Hashes are plain ``bytes``: cheap to store and not tracked by the GC,
-unlike tuples of ints.
+The functions live in surge/kv_events/hashing.py: the KV events carry these hashes, and a
+router that cannot import the engine (the gateway) must compute the very same ones.
 """
 
 from __future__ import annotations
 
-import hashlib
-import struct
-import sys
-from array import array
-from collections.abc import Sequence
+from surge.kv_events.hashing import block_hashes, extend_block_hashes, hash_block
 
-# Parent of the first block: a fixed marker, so "no parent" never equals any real digest.
-_NONE_HASH = hashlib.blake2b(b"surge:block-hash:none", digest_size=16).digest()
-_LITTLE_ENDIAN = sys.byteorder == "little"
-
-
-def _token_bytes(token_ids: Sequence[int]) -> bytes:
-    """Token ids as little-endian int64 bytes (platform independent, so hashes are stable)."""
-    arr = array("q", token_ids)
-    if not _LITTLE_ENDIAN:
-        arr.byteswap()
-    return arr.tobytes()
-
-
-def hash_block(parent: bytes | None, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
-    """Return the 16-byte chained hash of one full block.
-
-    ``parent`` is the previous block's hash (None for the first block); ``extra`` is mixed in
-    as-is (e.g. a tenant's cache salt). Each field is length-prefixed so that different
-    (parent, tokens, extra) splits of the same byte stream never hash alike.
-    """
-    parent_bytes = _NONE_HASH if parent is None else parent
-    tokens = _token_bytes(token_ids)
-    h = hashlib.blake2b(digest_size=16)
-    for field in (parent_bytes, tokens, extra):
-        h.update(struct.pack("<Q", len(field)))
-        h.update(field)
-    return h.digest()
-
-
-def extend_block_hashes(
-    hashes: list[bytes], token_ids: Sequence[int], block_size: int, extra: bytes = b""
-) -> None:
-    """Append to ``hashes`` the hash of every full block of ``token_ids`` not hashed yet.
-
-    ``hashes`` holds the hashes of the first ``len(hashes)`` blocks (computed by earlier calls
-    on a prefix of the same ``token_ids``); the partial tail block is never hashed. ``extra``
-    goes into the FIRST block's hash only: later blocks chain from it, which is enough to
-    isolate e.g. tenants with different cache salts.
-    """
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    num_full = len(token_ids) // block_size
-    for i in range(len(hashes), num_full):
-        parent = hashes[i - 1] if i > 0 else None
-        block = token_ids[i * block_size : (i + 1) * block_size]
-        hashes.append(hash_block(parent, block, extra if i == 0 else b""))
+__all__ = ["block_hashes", "extend_block_hashes", "hash_block"]

@@ -22,6 +22,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Sequence
 
 from surge.engine.stats import PrefixCacheStats
+from surge.kv_events.wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 # The most donor blocks one partial lookup compares (the newest first): bounds the cost where
 # thousands of conversations continue one shared prefix with the same token.
@@ -62,6 +63,48 @@ class BlockManager:
         # (source, destination) blocks whose KV the next step copies first: take_copies().
         self._copies: list[tuple[int, int]] = []
         self.stats = PrefixCacheStats()  # its counters, since start
+        # What entered and left the prefix cache since take_events(); None: nobody listens
+        # (the default), and the hooks cost one attribute test.
+        self._events: list[KVEvent] | None = None
+        self._medium: str | None = None
+
+    # ----------------------------------------------------------------- KV events
+
+    def enable_events(self, medium: str | None = None) -> None:
+        """Record BlockStored / BlockRemoved / AllBlocksCleared from now on (vLLM's KV events);
+        `medium` is where the blocks live ("GPU", "CPU")."""
+        self._events = []
+        self._medium = medium
+
+    def take_events(self) -> list[KVEvent]:
+        """The events recorded since the last call, in order ([] when they are off)."""
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
+
+    def _stored(
+        self,
+        first: int,
+        last: int,
+        token_ids: Sequence[int],
+        block_hashes: Sequence[bytes],
+        lora_id: int | None,
+    ) -> None:
+        """Blocks first..last (positions in one request's table, a chain) were cached."""
+        assert self._events is not None
+        bs = self.block_size
+        self._events.append(
+            BlockStored(
+                list(block_hashes[first : last + 1]),
+                block_hashes[first - 1] if first > 0 else None,
+                list(token_ids[first * bs : (last + 1) * bs]),
+                bs,
+                lora_id,
+                self._medium,
+            )
+        )
 
     # ----------------------------------------------------------------- queries
 
@@ -221,6 +264,11 @@ class BlockManager:
             del self._index[old]
             self._hash[block] = None
             self._tokens[block] = None
+            if (events := self._events) is not None:
+                if events and isinstance(events[-1], BlockRemoved):
+                    events[-1].block_hashes.append(old)  # one event for a step's evictions
+                else:
+                    events.append(BlockRemoved([old], self._medium))
         self._drop_donor(block)
         return block
 
@@ -263,6 +311,7 @@ class BlockManager:
         token_ids: Sequence[int],
         block_hashes: Sequence[bytes],
         num_computed_tokens: int,
+        lora_id: int | None = None,
     ) -> None:
         """Register in the prefix index req's blocks that are now full and computed.
 
@@ -277,16 +326,24 @@ class BlockManager:
         bs = self.block_size
         end = min(num_computed_tokens // bs, len(block_hashes), len(table), len(token_ids) // bs)
         start = self._num_considered[req_id]
+        run = -1  # with events on: the first block of the run of blocks cached just now
         for i in range(start, end):
             block = table[i]
             h = block_hashes[i]
             if self._hash[block] is not None or h in self._index:
-                continue  # already cached (prefix hit, fork) or a duplicate of another block
+                if run >= 0:  # already cached (prefix hit, fork) or a duplicate of another
+                    self._stored(run, i - 1, token_ids, block_hashes, lora_id)
+                    run = -1
+                continue
             self._hash[block] = h
             self._tokens[block] = tuple(token_ids[i * bs : (i + 1) * bs])
             self._index[h] = block
             if i > 0:
                 self._add_donor(block, block_hashes[i - 1], token_ids[i * bs])
+            if run < 0 and self._events is not None:
+                run = i
+        if run >= 0:
+            self._stored(run, end - 1, token_ids, block_hashes, lora_id)
         self._num_considered[req_id] = max(start, end)
 
     def free(
@@ -346,6 +403,8 @@ class BlockManager:
         self._index.clear()
         for b in [b for donors in self._donors.values() for b in donors]:
             self._drop_donor(b)
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
         return True
 
     # ----------------------------------------------------------------- checks

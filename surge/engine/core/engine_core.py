@@ -14,6 +14,7 @@ from dataclasses import replace
 from surge.engine.client.outputs import EngineCoreOutput, EngineCoreRequest, FinishReason
 from surge.engine.config import EngineConfig, SchedulerConfig
 from surge.engine.core.block_manager import BlockManager
+from surge.engine.core.kv_publisher import KVEventPublisher
 from surge.engine.core.policies import make_policy
 from surge.engine.core.request import Request
 from surge.engine.core.scheduler import Scheduler
@@ -88,6 +89,7 @@ class EngineCore:
         self._rng = random.Random(config.model.seed)
         # Its own counters; the process loop adds the time it blocks waiting for work.
         self.step_stats = StepStats()
+        self.kv_events: KVEventPublisher | None = None  # start_kv_events(), once serving
 
     def _check_batch_invariant(self, config: EngineConfig) -> SchedulerConfig:
         """The scheduler's config: with --batch-invariant, its step budget capped where the
@@ -188,12 +190,35 @@ class EngineCore:
             counters.reset()
         self.step_stats.reset()
 
+    # ---- KV events ---------------------------------------------------------------------------
+    def start_kv_events(self) -> KVEventPublisher | None:
+        """Publish the prefix cache's events from now on (config.kv_events; None when off).
+        Called once the start-up calibration is forgotten: the first batch says the cache is
+        empty (AllBlocksCleared), which also tells subscribers of a restarted engine to drop
+        what they knew of the last one."""
+        if not self.config.kv_events.enabled or self.kv_events is not None:
+            return self.kv_events
+        self.kv_events = KVEventPublisher(self.config.kv_events)
+        medium = "GPU" if self.precision.device.type == "cuda" else "CPU"
+        self.blocks.enable_events(medium)
+        self.blocks.reset_prefix_cache()  # records AllBlocksCleared
+        self._publish_kv_events()
+        return self.kv_events
+
+    def _publish_kv_events(self) -> None:
+        assert self.kv_events is not None
+        events = self.blocks.take_events()
+        if events:
+            self.kv_events.publish(events)
+
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[EngineCoreOutput]:
         started = time.perf_counter()
         try:
             return self._step(started)
         finally:
+            if self.kv_events is not None:  # what the step cached and evicted, one batch
+                self._publish_kv_events()
             self.step_stats.step_time_s += time.perf_counter() - started
 
     def _step(self, started: float) -> list[EngineCoreOutput]:
@@ -238,8 +263,10 @@ class EngineCore:
                     ),
                 )
             )
+        elapsed = time.perf_counter() - started
+        # The scheduler prices background rows by these (engine/core/background.py).
+        self.scheduler.background.observe(batch.num_tokens, len(batch.requests), elapsed)
         if len(counted.samples) < 4096:  # bounded where nobody reads the stats (LLM)
-            elapsed = time.perf_counter() - started
             counted.samples.append((batch.num_tokens, len(batch.requests), elapsed))
         return outputs
 

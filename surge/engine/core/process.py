@@ -49,6 +49,14 @@ def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection)
             raise SystemExit(1) from None
         # Before Ready: admission needs the step costs for a first burst.
         step_samples = startup_samples(engine, config.scheduler.calibration)
+        engine.scheduler.background.calibrate(step_samples)  # its prior for pricing steps
+        try:
+            kv_events = engine.start_kv_events()  # after calibration: its blocks are forgotten
+        except (ValueError, OSError) as e:  # the address is taken or malformed: one line
+            log.error("engine could not start: %s", e)
+            with contextlib.suppress(OSError, BrokenPipeError):
+                outbox.send(Fatal(str(e)))
+            raise SystemExit(1) from None
         outbox.send(
             Ready(
                 model_path=str(engine.files.path),
@@ -61,6 +69,9 @@ def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection)
                 lora_adapters=engine.list_loras(),
                 max_loras=engine.config.lora.max_loras if engine.loras is not None else 0,
                 step_samples=step_samples,
+                kv_events_endpoint=kv_events.endpoint if kv_events else None,
+                kv_events_replay_endpoint=kv_events.replay_endpoint if kv_events else None,
+                kv_events_topic=kv_events.topic if kv_events else "",
             )
         )
         _loop(engine, inbox, outbox)

@@ -5,7 +5,10 @@ waiting requests join while budget, sequence slots and KV blocks last. When bloc
 running request the policy ranks last is preempted by recompute: its blocks are freed and it goes
 back to waiting with all its tokens (prompt + output so far), to be prefilled again later.
 Before that, if the request the policy would admit next cannot fit (no sequence slot or blocks),
-the policy may let it displace the running request it ranks last (priority preemption).
+the policy may let it displace the running request it ranks last (priority preemption). The
+work it could displace also stays out of its way when nothing is full: it sits out the steps of a
+more urgent request's prefill, and takes a bounded slice of each step while more urgent work
+runs (engine/core/background.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 
 from surge.engine.client.outputs import FinishReason, TokenLogprob
 from surge.engine.config import SchedulerConfig, SpeculativeConfig
+from surge.engine.core.background import Background, StepPlan
 from surge.engine.core.batch import SampledTokens, ScheduledRequest, SchedulerOutput
 from surge.engine.core.block_manager import BlockManager
 from surge.engine.core.ngram import NgramIndex
@@ -39,6 +43,7 @@ class Scheduler:
         self.config = config
         self.blocks = blocks
         self.policy = policy
+        self.background = Background(config, policy)  # lower classes behind urgent work
         self.speculative = speculative if speculative is not None else SpeculativeConfig()
         self.eos_token_ids = eos_token_ids  # a draft's accepted tokens stop at one
         self.stats = SchedulerStats()  # its counters, since start
@@ -84,13 +89,17 @@ class Scheduler:
         preempted = self._make_room(now_s, budget)
         self.running.sort(key=lambda r: key(r, now_s))
         num_made_room = len(preempted)
+        plan = self.background.plan(self.running, self.waiting, now_s)
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = plan.allow(req, min(req.num_tokens - req.num_computed_tokens, budget))
+            if num_new == 0:  # background: held, or its slice of the step is spent
+                i += 1
+                continue
             decode = req.num_tokens - req.num_computed_tokens == 1
-            draft = req.draft[: budget - 1] if decode else []
+            draft = req.draft[: budget - 1] if decode and not plan.bounded(req) else []
             while True:
                 total = req.num_computed_tokens + num_new + len(draft)
                 if self.blocks.allocate_slots(req.req_id, total) is not None:
@@ -107,13 +116,14 @@ class Scheduler:
                 break  # req itself was preempted: everything after it is gone too
             if draft:
                 drafts[req.req_id] = draft
+            plan.charge(req, num_new)
             scheduled.append((req, num_new + len(draft)))
             budget -= num_new + len(draft)
             i += 1
 
         # After preempting for blocks, admitting new work in the same step would only thrash.
         if len(preempted) == num_made_room:
-            budget = self._admit(now_s, budget, scheduled)
+            budget = self._admit(now_s, budget, scheduled, plan)
 
         for req, num_new in scheduled:
             self.policy.on_scheduled(req, num_new)
@@ -125,7 +135,9 @@ class Scheduler:
             out, sum(n for _, n in scheduled), tuple(preempted), tuple(self.blocks.take_copies())
         )
 
-    def _admit(self, now_s: float, budget: int, scheduled: list[tuple[Request, int]]) -> int:
+    def _admit(
+        self, now_s: float, budget: int, scheduled: list[tuple[Request, int]], plan: StepPlan
+    ) -> int:
         key = self.policy.key
         self.waiting.sort(key=lambda r: key(r, now_s))
         admitted: list[Request] = []
@@ -134,6 +146,8 @@ class Scheduler:
                 break
             if self._waits_for_sibling(req):
                 continue  # let the sibling fill the shared prompt blocks first
+            if plan.allow(req, 1) == 0:
+                break  # background (ranked after the rest): held, or its slice is spent
             self._fork_from_sibling(req)
             # A request scoring its prompt computes every position: it takes no cached blocks
             # (it would rewrite blocks that others read).
@@ -142,7 +156,7 @@ class Scheduler:
                 req.num_computed_tokens = self.blocks.lookup_prefix(
                     req.all_token_ids, req.block_hashes
                 )
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = plan.allow(req, min(req.num_tokens - req.num_computed_tokens, budget))
             got = self.blocks.allocate_slots(
                 req.req_id,
                 req.num_computed_tokens + num_new,
@@ -157,6 +171,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             admitted.append(req)
+            plan.charge(req, num_new)
             scheduled.append((req, num_new))
             budget -= num_new
         if admitted:
@@ -317,7 +332,11 @@ class Scheduler:
             # (Less when a stop cut the accepted tokens short: the request ends now anyway.)
             req.num_computed_tokens = min(computed, req.num_tokens - 1) if new else computed
             self.blocks.cache_full_blocks(
-                req.req_id, req.all_token_ids, req.block_hashes, req.num_computed_tokens
+                req.req_id,
+                req.all_token_ids,
+                req.block_hashes,
+                req.num_computed_tokens,
+                req.lora_slot if req.lora_slot >= 0 else None,  # the KV events' lora_id
             )
             if req.num_new_tokens:
                 advanced.append(req)

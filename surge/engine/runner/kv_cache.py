@@ -57,6 +57,19 @@ def gpu_kv_budget_bytes(
     return allowed - weight_bytes - transient_bytes
 
 
+# A CPU's KV cache takes at most this share of the memory free after the weights (the rest is
+# the OS's, the page cache's, a step's transients), up to CPU_KV_CACHE_GIB; never below the floor.
+CPU_KV_FREE_SHARE = 0.5
+CPU_KV_FLOOR_BYTES = 64 << 20
+
+
+def cpu_kv_budget_bytes(available: int, weight_bytes: int) -> int:
+    """The KV budget on a CPU: CPU_KV_CACHE_GIB, or less where the memory available now, less
+    the weights still to load, is short (an 8B on a small machine)."""
+    share = int(CPU_KV_FREE_SHARE * (available - weight_bytes))
+    return max(CPU_KV_FLOOR_BYTES, min(int(CPU_KV_CACHE_GIB * (1 << 30)), share))
+
+
 def kv_bytes_per_token(spec: ModelSpec, dtype: torch.dtype) -> int:
     """K and V, every layer, one token (an int8 row with its scale)."""
     elem = torch.empty((), dtype=dtype).element_size()

@@ -17,14 +17,22 @@ from surge.engine.runner import huge_pages
 from surge.engine.runner.kv_cache import (
     AVERAGE_CONTEXT_TOKENS,
     CPU_KV_CACHE_GIB,
+    CPU_KV_FREE_SHARE,
     MAX_RECOMMENDED_SEQS,
     KVCachePlan,
     allocate_kv_cache,
+    cpu_kv_budget_bytes,
     gpu_kv_budget_bytes,
     kv_bytes_per_token,
     plan_kv_cache,
     recommend_max_num_seqs,
     step_transient_bytes,
+)
+from surge.engine.runner.load_memory import (
+    describe_forms,
+    load_memory_refusal,
+    load_peak_bytes,
+    versus_file,
 )
 from surge.models.build import build_model
 from surge.models.device import (
@@ -37,8 +45,15 @@ from surge.models.device import (
 )
 from surge.models.formats.model_files import ModelFiles
 from surge.models.formats.spec import ModelSpec
+from surge.models.forms import (
+    DEFAULT_FORM,
+    FORM_BY_TYPE,
+    estimate_forms,
+    estimate_weight_bytes,
+    resident_by_form,
+)
 from surge.models.llama import LlamaForCausalLM
-from surge.models.quant import estimate_weight_bytes, weight_bytes
+from surge.models.quant import cpu_int8_fast, weight_bytes
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +96,7 @@ def kv_budget(
     precision: Precision,
     kv_dtype: torch.dtype,
     max_len: int,
+    kinds: dict[str, str] | None = None,
 ) -> tuple[float, str]:
     """The KV cache's memory budget in GiB, and why: as named, a CPU's default, or on a GPU
     what --gpu-memory-utilization leaves after the weights (estimated from the spec, as the
@@ -88,6 +104,17 @@ def kv_budget(
     of max_len tokens can fill. `model_cfg.quantization` is resolved (not "auto")."""
     if cache_cfg.kv_cache_memory_gib is not None:
         return cache_cfg.kv_cache_memory_gib, "--kv-cache-memory-gib"
+    if precision.device.type == "cpu":
+        available = psutil.virtual_memory().available
+        weights = estimate_weight_bytes(spec, precision.dtype, model_cfg.quantization, kinds)
+        budget = cpu_kv_budget_bytes(available, weights)
+        if budget >= CPU_KV_CACHE_GIB * GIB:
+            return CPU_KV_CACHE_GIB, "the default on a cpu"
+        return budget / GIB, (
+            f"{CPU_KV_FREE_SHARE:.0%} of the {(available - weights) / GIB:.1f} GiB available "
+            f"after the weights ({available / GIB:.1f} GiB available, weights "
+            f"{weights / GIB:.2f}); the default {CPU_KV_CACHE_GIB:.1f} GiB does not fit"
+        )
     if precision.device.type != "cuda":
         return CPU_KV_CACHE_GIB, f"the default on a {precision.device.type}"
     free, total = torch.cuda.mem_get_info(precision.device)
@@ -97,7 +124,7 @@ def kv_budget(
         precision.device
     )
     util = cache_cfg.gpu_memory_utilization
-    weights = estimate_weight_bytes(spec, precision.dtype, model_cfg.quantization)
+    weights = estimate_weight_bytes(spec, precision.dtype, model_cfg.quantization, kinds)
     transient = step_transient_bytes(spec, sched_cfg.max_num_batched_tokens, sched_cfg.max_num_seqs)
     budget = gpu_kv_budget_bytes(total, free, weights, transient, util)
     what = (
@@ -130,33 +157,63 @@ def q4_kernel_name() -> str | None:
 def resolve_quantization(
     model_cfg: ModelConfig, precision: Precision, layer_format: str | None
 ) -> tuple[str, str]:
-    """The quantization to run, and why. "auto" runs a Q4_1 GGUF's own 4-bit blocks (q4: the
-    file's weights as stored, activations rounded per block of 32 as llama.cpp does) on a CPU
-    whose 4-bit kernel builds, where they decode 2-10x faster than the same weights as floats
-    (BENCHMARKS.md, seventh and eleventh passes). A GGUF in other blocks (mixed K-quants as
-    most GGUFs are, Q8_0...) runs int8 on a CPU: its weights were rounded already, and 8 bits
-    keep them (Gemma 3 270M Q4_K_M: perplexity -0.9% against float32, decode ~3x faster;
-    requantized to 4 bits +25%). Anything else runs unquantized (no 4-bit GPU kernel, int8 slower
-    than bf16 on a GPU; a float file is not rounded unasked)."""
+    """The quantization to run, and why. "auto" on a CPU with the kernels keeps a quantized
+    GGUF's matrices in the forms their GGML types map to (forms.FORM_BY_TYPE): Q4_0/Q4_1
+    blocks as the 4-bit layout they map into bit for bit (q4: activations rounded per block of
+    32 as llama.cpp does; 2-10x faster decode than the same weights as floats, BENCHMARKS.md
+    seventh and eleventh passes), K-quants on their own blocks (GGUFLinear: the file's bytes,
+    int8 activations per block of 32), Q8_0 as int8 (8 bits keep it; a row lookup for the
+    embedding). A file whose layers all map to one
+    form runs as that quantization ("q4", "int8"), a mixed one as "gguf" (each by its type).
+    Anything else runs unquantized (no 4-bit GPU kernel, int8 slower than bf16 on a GPU; a float
+    file is not rounded unasked)."""
     if model_cfg.quantization != "auto":
         return model_cfg.quantization, "--quantization"
     quantized_file = layer_format is not None and layer_format.startswith(("Q", "IQ", "mixed"))
-    on_cpu = precision.device.type == "cpu" and model_cfg.use_kernels
-    if layer_format != "Q4_1" and quantized_file and on_cpu:
-        stored = f"in {layer_format} blocks" if layer_format != "mixed" else "in mixed K-quants"
-        return "int8", f"auto: the layers are stored {stored}; int8 keeps them on this CPU"
-    if layer_format != "Q4_1":
+    if not quantized_file:
         return "none", f"auto: the layers are stored {layer_format or 'as floats or mixed'}"
-    if precision.device.type != "cpu":
-        return "none", "auto: no 4-bit kernel on this device"
-    kernel = q4_kernel_name() if model_cfg.use_kernels else None
-    if kernel is None:
-        return "none", "auto: no vectorized 4-bit kernel here"
-    from surge.models.kernels import load_q4_linear
+    assert layer_format is not None
+    if precision.device.type != "cpu" or not model_cfg.use_kernels:
+        where = "this device" if precision.device.type != "cpu" else "torch ops (--no-kernels)"
+        return "none", f"auto: no kernel for {layer_format} blocks on {where}"
+    form = FORM_BY_TYPE.get(layer_format, DEFAULT_FORM) if layer_format != "mixed" else "mixed"
+    if form in ("q4", "mixed"):
+        kernel = q4_kernel_name()
+        from surge.models.kernels import load_q4_linear
 
-    if load_q4_linear() is None:
-        return "none", "auto: the 4-bit kernel did not build here"
-    return "q4", f"auto: the file's own Q4_1 blocks on the {kernel} kernel"
+        if kernel is None or load_q4_linear() is None:
+            why = "no vectorized 4-bit kernel here" if kernel is None else "it did not build"
+            return "int8", f"auto: {layer_format} blocks as int8 ({why})"
+        if form == "q4":
+            return "q4", f"auto: the file's own {layer_format} blocks on the {kernel} kernel"
+        return "gguf", (
+            "auto: the layers are stored in mixed types; each matrix in its type's form "
+            f"(Q4_0/Q4_1 blocks 4-bit on the {kernel} kernel, K-quants on their own blocks, "
+            "Q8_0 and fused matrices of mixed types int8)"
+        )
+    stored = f"in {layer_format} blocks"
+    if form == "int8":
+        return "int8", f"auto: the layers are stored {stored}; int8 keeps them on this CPU"
+    return "gguf", f"auto: the layers are stored {stored}; run as {form} (forms.FORM_BY_TYPE)"
+
+
+# The most bytes an int8 copy of the 4-bit layers may add under auto (q4-int8): a small model's
+# copy (SmolLM2-135M's ~100 MiB) is worth its memory on a CPU with int8 dot products, where a
+# batch of 64 rows runs ~1.6x faster on it; a 1-8B model's is not (the file's size is the bound).
+SMALL_COPY_BYTES = 512 << 20
+
+
+def _small_model_batch_copy(
+    spec: ModelSpec, precision: Precision, kinds: dict[str, str] | None, reason: str
+) -> tuple[str, str]:
+    """q4 resolved by auto: q4-int8 instead where the CPU has VNNI/AMX and the copy is small."""
+    if not cpu_int8_fast():
+        return "q4", reason
+    extra = estimate_weight_bytes(spec, precision.dtype, "q4-int8", kinds)
+    extra -= estimate_weight_bytes(spec, precision.dtype, "q4", kinds)
+    if extra > SMALL_COPY_BYTES:
+        return "q4", f"{reason} (no int8 copy for batches: it would add {extra >> 20} MiB)"
+    return "q4-int8", f"{reason}, with an int8 copy for large batches ({extra >> 20} MiB, VNNI)"
 
 
 def plan_load(
@@ -165,16 +222,21 @@ def plan_load(
     spec: ModelSpec,
     sched_cfg: SchedulerConfig | None = None,
     layer_format: str | None = None,
+    kinds: dict[str, str] | None = None,
 ) -> LoadPlan:
     precision = choose_precision(model_cfg.device, model_cfg.dtype)
     quantization, quantization_reason = resolve_quantization(model_cfg, precision, layer_format)
+    if quantization == "q4" and model_cfg.quantization == "auto":
+        quantization, quantization_reason = _small_model_batch_copy(
+            spec, precision, kinds, quantization_reason
+        )
     model_cfg = replace(model_cfg, quantization=quantization)
     kv_dtype, kv_reason = choose_kv_dtype(cache_cfg.kv_cache_dtype, precision)
     max_len = model_cfg.max_model_len or spec.max_position_embeddings
     if cache_cfg.num_blocks is None:
         sched = sched_cfg or SchedulerConfig()
         budget, budget_reason = kv_budget(
-            model_cfg, cache_cfg, sched, spec, precision, kv_dtype, max_len
+            model_cfg, cache_cfg, sched, spec, precision, kv_dtype, max_len, kinds
         )
     else:
         budget, budget_reason = 0.0, "--num-kv-blocks"
@@ -221,31 +283,6 @@ def quantization_hint(model_cfg: ModelConfig, precision: Precision) -> str | Non
     )
 
 
-def load_memory_refusal(
-    spec: ModelSpec, dtype: torch.dtype, quantization: str, available: int
-) -> str | None:
-    """Why this model cannot be loaded in `available` bytes, in one line; None if it can.
-
-    The network is built in float32 from the file's dequantized tensors and then quantized, so
-    the peak is the float32 model plus its final form; refusing before that peak beats being
-    killed by the kernel's OOM killer halfway through (an 8B's float32 copy alone is 32 GB)."""
-    float32 = estimate_weight_bytes(spec, torch.float32, "none")
-    final = (
-        0
-        if quantization == "none" and dtype == torch.float32
-        else estimate_weight_bytes(spec, dtype, quantization)
-    )
-    need = float32 + final
-    if need <= available:
-        return None
-    return (
-        f"not enough memory to load this model: it needs {need / GIB:.1f} GiB while loading "
-        f"(its {float32 / GIB:.1f} GiB float32 copy, then {final / GIB:.1f} GiB "
-        f"{quantization if quantization != 'none' else DTYPE_NAMES.get(dtype, str(dtype))}), "
-        f"and {available / GIB:.1f} GiB is available"
-    )
-
-
 def load_model(
     model_cfg: ModelConfig,
     cache_cfg: CacheConfig,
@@ -254,18 +291,20 @@ def load_model(
 ) -> LoadedModel:
     """Build and quantize the model, allocate the KV cache, and log what was chosen and why."""
     spec = files.spec
-    p = plan_load(model_cfg, cache_cfg, spec, sched_cfg, files.layer_format)
+    kinds = files.matrix_kinds()
+    p = plan_load(model_cfg, cache_cfg, spec, sched_cfg, files.layer_format, kinds)
     precision, kv_plan, model_cfg = p.precision, p.kv_plan, p.model_cfg
     if precision.device.type == "cpu":
+        available = psutil.virtual_memory().available
         refusal = load_memory_refusal(
-            spec, precision.dtype, model_cfg.quantization, psutil.virtual_memory().available
+            spec, precision.dtype, model_cfg.quantization, available, kinds
         )
         if refusal:
             raise MemoryError(refusal)
     t0 = time.perf_counter()
     model = build_model(
         spec,
-        files.weights(),
+        files.sources(),
         precision.device,
         precision.dtype,
         max(p.max_position, spec.max_position_embeddings),
@@ -274,29 +313,36 @@ def load_model(
     )
     if precision.caps is not None:
         log.info("device %s", describe(precision.caps))
+    total = weight_bytes(model)
     log.info(
-        "model %s: %s (%s); quantization %s (%s); weights %.1f MiB, loaded in %.1f s",
+        "model %s: %s (%s); quantization %s (%s); weights %.1f MiB (%s; %s), loaded in %.1f s",
         files.path.name,
         DTYPE_NAMES.get(precision.dtype, str(precision.dtype)),
         precision.reason,
         model_cfg.quantization,
         p.quantization_reason,
-        weight_bytes(model) / (1 << 20),
+        total / (1 << 20),
+        describe_forms(resident_by_form(model)),
+        versus_file(total, files.tensor_bytes) or "no file size",
         time.perf_counter() - t0,
     )
     hint = quantization_hint(model_cfg, precision)
     if hint:
         log.info("hint: %s", hint)
     log.info(
-        "KV cache %s (%s): %d blocks x %d tokens = %d tokens (%.2f GiB: %s); context %d",
+        "KV cache %s (%s), %.1f KiB a token: %d blocks x %d tokens = %d tokens (%.2f GiB: %s); "
+        "context %d; max_num_seqs %d (recommended for this cache: %d)",
         DTYPE_NAMES.get(p.kv_dtype, str(p.kv_dtype)),
         p.kv_reason,
+        kv_plan.bytes_per_block / kv_plan.block_size / 1024,
         kv_plan.num_blocks,
         kv_plan.block_size,
         kv_plan.num_tokens,
         kv_plan.total_bytes / GIB,
         p.kv_budget_reason,
         p.max_model_len,
+        (sched_cfg or SchedulerConfig()).max_num_seqs,
+        recommend_max_num_seqs(kv_plan.num_tokens, p.max_model_len),
     )
     kv_caches = allocate_kv_cache(spec, kv_plan, p.kv_dtype, precision.device)
     if precision.device.type == "cpu":
@@ -329,13 +375,20 @@ def capability_report(
 ) -> str:
     """What `load_model` would choose here, and what it buys, without reading the weights."""
     spec = files.spec
-    p = plan_load(model_cfg, cache_cfg, spec, sched_cfg, files.layer_format)
+    kinds = files.matrix_kinds()
+    p = plan_load(model_cfg, cache_cfg, spec, sched_cfg, files.layer_format, kinds)
     precision, plan, max_len, model_cfg = p.precision, p.kv_plan, p.max_model_len, p.model_cfg
     dtype = precision.dtype
     mib = 1 << 20
 
     def weights(dt: torch.dtype, quantization: str = "none") -> str:
-        return f"{estimate_weight_bytes(spec, dt, quantization) / mib:.1f} MiB"
+        return f"{estimate_weight_bytes(spec, dt, quantization, kinds) / mib:.1f} MiB"
+
+    by_form = estimate_forms(spec, dtype, model_cfg.quantization, kinds)
+    total, tensor_bytes = sum(by_form.values()), files.tensor_bytes
+    _, peak = load_peak_bytes(spec, dtype, model_cfg.quantization, kinds)
+    available = psutil.virtual_memory().available
+    stored = files.layer_format or ("floats" if kinds is None else "mixed floats")
 
     caps = precision.caps
     per_token = plan.bytes_per_block // plan.block_size
@@ -345,9 +398,14 @@ def capability_report(
         f"quantization  {model_cfg.quantization} ({p.quantization_reason})",
         f"model         {files.path.name}: {spec.architecture}, {spec.num_layers} layers, "
         f"hidden {spec.hidden_size}, vocab {spec.vocab_size}",
-        f"weights       {weights(dtype, model_cfg.quantization)} "
-        f"(float32 {weights(torch.float32)}, bfloat16 {weights(torch.bfloat16)}, "
-        f"int8 {weights(dtype, 'int8')}, q4 {weights(dtype, 'q4')})",
+        f"file          {tensor_bytes / mib:.1f} MiB of tensors (layers {stored})",
+        f"weights       {total / mib:.1f} MiB once loaded ({describe_forms(by_form)}"
+        + (f"; {versus_file(total, tensor_bytes)})" if tensor_bytes else ")"),
+        f"as others     float32 {weights(torch.float32)}, bfloat16 {weights(torch.bfloat16)}, "
+        f"int8 {weights(dtype, 'int8')}, q4 {weights(dtype, 'q4')}, "
+        f"q4-int8 {weights(dtype, 'q4-int8')}",
+        f"load peak     {peak / GIB:.2f} GiB (the weights and the largest tensor in flight); "
+        f"{available / GIB:.1f} GiB available now",
         f"KV cache      {DTYPE_NAMES[p.kv_dtype]} ({p.kv_reason}), "
         f"{per_token / 1024:.1f} KiB/token",
         f"KV capacity   {plan.total_bytes / GIB:.2f} GiB -> {plan.num_tokens:,} tokens "
@@ -355,7 +413,7 @@ def capability_report(
         f"KV budget     {p.kv_budget_reason}",
         f"max_num_seqs  recommended {recommend_max_num_seqs(plan.num_tokens, max_len)} "
         f"(KV tokens / {AVERAGE_CONTEXT_TOKENS}-token average context, at most "
-        f"{MAX_RECOMMENDED_SEQS})",
+        f"{MAX_RECOMMENDED_SEQS}); configured {(sched_cfg or SchedulerConfig()).max_num_seqs}",
     ]
     hint = quantization_hint(model_cfg, precision)
     if hint:

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # Import the class, not the module: the package surge.models.weights.gguf would shadow `gguf`.
 from surge.models.formats.gguf_file import GGUFFile, GGUFSource
@@ -30,11 +30,27 @@ class ModelFiles:
     # A GGUF's storage type of every layer matrix ("Q4_1", ...; "mixed" quantized types); None
     # for safetensors or mixed float types.
     layer_format: str | None = None
+    # (HF name, tensor or matrix source over the file's blocks): what the streaming build reads
+    # (surge/models/stream_load.py); None: weights() serves it.
+    _sources: Callable[[], Iterator[tuple[str, Any]]] | None = field(
+        default=None, repr=False, compare=False
+    )
+    _kinds: Callable[[], dict[str, str]] | None = field(default=None, repr=False, compare=False)
+    tensor_bytes: int = 0  # the weights' bytes in the file(s)
 
     def weights(self) -> Iterator[tuple[str, Tensor]]:
         """(HF parameter name, float32 CPU tensor [out_features, in_features]) pairs, read
         lazily one at a time so peak memory stays near one tensor."""
         return self._load()
+
+    def matrix_kinds(self) -> dict[str, str] | None:
+        """HF name -> GGML type name ("Q4_0", "F16"...) of each matrix of a GGUF; None for
+        safetensors (all float). Engine side: it imports torch."""
+        return self._kinds() if self._kinds is not None else None
+
+    def sources(self) -> Iterator[tuple[str, Any]]:
+        """As weights(), but matrices of a GGUF as sources over its blocks, unconverted."""
+        return self._sources() if self._sources is not None else self._load()
 
 
 def open_model(path: str | Path) -> ModelFiles:
@@ -66,6 +82,9 @@ def _open_gguf(path: Path) -> ModelFiles:
         tokenizer=Tokenizer.from_gguf(reader),
         _load=lambda: _gguf_weights(reader, spec),
         layer_format=layer_block_format(reader),
+        _sources=lambda: _gguf_sources(reader, spec),
+        _kinds=lambda: _gguf_kinds(reader),
+        tensor_bytes=sum(int(t.n_bytes) for t in reader.tensors),
     )
 
 
@@ -78,6 +97,7 @@ def _open_hf_folder(path: Path) -> ModelFiles:
         spec=spec,
         tokenizer=Tokenizer.from_hf_folder(path),
         _load=lambda: _safetensors_weights(path, spec),
+        tensor_bytes=sum(f.stat().st_size for f in safetensors_files(path)),
     )
 
 
@@ -85,6 +105,18 @@ def _gguf_weights(reader: GGUFFile, spec: ModelSpec) -> Iterator[tuple[str, Tens
     from surge.models.weights.gguf import gguf_weights  # torch: the engine process only
 
     return gguf_weights(reader, spec)
+
+
+def _gguf_sources(reader: GGUFFile, spec: ModelSpec) -> Iterator[tuple[str, Any]]:
+    from surge.models.weights.gguf import gguf_sources
+
+    return gguf_sources(reader, spec)
+
+
+def _gguf_kinds(reader: GGUFFile) -> dict[str, str]:
+    from surge.models.weights.gguf import file_kinds
+
+    return file_kinds(reader)
 
 
 def _safetensors_weights(path: Path, spec: ModelSpec) -> Iterator[tuple[str, Tensor]]:

@@ -36,7 +36,25 @@ _amx_setting: tuple[int, int] = (0, 16)
 # The prefill attention tiles' engine (set_amx_attention's argument), applied the same way.
 _amx_attention_setting = 0
 # Every kernel module, by its source's name (`python -m surge.models.kernels` builds them all).
-KERNELS = ("paged_decode", "int8_linear", "q4_linear", "q4_decode", "w8a8_linear", "token_mask")
+KERNELS = (
+    "paged_decode",
+    "int8_linear",
+    "q4_linear",
+    "q4_decode",
+    "w8a8_linear",
+    "token_mask",
+    "gguf_blocks",
+)
+# GGML type id -> (weights, bytes) of one block, for the formats gguf_blocks.cpp runs as stored
+# (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K).
+GGUF_BLOCKS = {
+    2: (32, 18),
+    3: (32, 20),
+    8: (32, 34),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+}
 # The -march of each tier (cpu_features.h works the tier out from the macros these set): native
 # is this CPU's own; the others are the x86-64 levels below AVX-512 VNNI.
 TIER_FLAGS = {
@@ -223,6 +241,12 @@ def load_q4_decode(build_dir: Path | None = None) -> ModuleType | None:
     return _load("q4_decode", build_dir)
 
 
+def load_gguf_blocks(build_dir: Path | None = None) -> ModuleType | None:
+    """GGUF's own quantized blocks as stored (surge::gguf_dequantize, surge::gguf_linear), or
+    None."""
+    return _load("gguf_blocks", build_dir)
+
+
 def load_token_mask(build_dir: Path | None = None) -> ModuleType | None:
     """surge::apply_token_bitmask_ (structured output's logit masks), or None."""
     return _load("token_mask", build_dir)
@@ -281,6 +305,17 @@ def _register_fakes() -> None:
     ) -> torch.Tensor:
         return torch.empty_like(q)
 
+    def fake_gguf_dequantize(blocks: torch.Tensor, type: int) -> torch.Tensor:
+        weights, size = GGUF_BLOCKS[type]
+        return blocks.new_empty(
+            (blocks.shape[0], blocks.shape[1] // size * weights), dtype=torch.float32
+        )
+
+    def fake_gguf_linear(
+        x: torch.Tensor, blocks: torch.Tensor, type: int, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], blocks.shape[0]))
+
     fakes = {
         "surge::int8_gemv": fake_int8_gemv,
         "surge::q4_gemv": fake_q4_gemv,
@@ -288,6 +323,8 @@ def _register_fakes() -> None:
         "surge::quantize_rows": fake_quantize_rows,
         "surge::dequantize_int32": fake_dequantize_int32,
         "surge::paged_decode": fake_paged_decode,
+        "surge::gguf_dequantize": fake_gguf_dequantize,
+        "surge::gguf_linear": fake_gguf_linear,
     }
     for name, fn in fakes.items():
         if hasattr(torch.ops.surge, name.split("::")[1]) and name not in _faked:

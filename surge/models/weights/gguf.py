@@ -1,9 +1,11 @@
-"""Weights from a GGUF file: dequantized to float32 and renamed to HF parameter names."""
+"""Weights from a GGUF file, renamed to HF parameter names: as matrix sources over the file's
+blocks (the streaming build), or dequantized to float32."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import TypeVar
 
 import gguf
 import numpy as np
@@ -12,6 +14,9 @@ import torch
 from surge.models.formats.gguf_file import GGUFSource
 from surge.models.formats.spec import ModelSpec
 from surge.models.weights.gguf_blocks import dequantize_blocks
+from surge.models.weights.source import GGUFMatrix, MatrixSource
+
+T = TypeVar("T", torch.Tensor, np.ndarray)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -61,6 +66,15 @@ def hf_name(gguf_name: str, fused: bool = False) -> str:
 
 def gguf_weights(reader: GGUFSource, spec: ModelSpec) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, float32 tensor in HF shape) for every parameter in the file."""
+    for name, value in gguf_sources(reader, spec):
+        yield name, value.dense() if isinstance(value, MatrixSource) else value
+
+
+def gguf_sources(
+    reader: GGUFSource, spec: ModelSpec
+) -> Iterator[tuple[str, torch.Tensor | MatrixSource]]:
+    """Yield (HF name, value) for every parameter in the file, nothing converted yet: each
+    matrix as a GGUFMatrix over the file's blocks (rows in HF order), 1-D tensors in float32."""
     arch = reader.get_field("general.architecture")
     fused = arch is not None and arch.contents() == "phi3"
     # llama.cpp's converter permutes q/k rows for its Llama-style RoPE (SmolLM3 and Granite are
@@ -70,12 +84,28 @@ def gguf_weights(reader: GGUFSource, spec: ModelSpec) -> Iterator[tuple[str, tor
         if tensor.name in _SKIPPED:
             continue
         name = hf_name(tensor.name, fused)
-        weight = dequantize(tensor)
+        if len(tensor.shape) != 2:
+            yield name, dequantize(tensor)
+            continue
+        heads = 0
         if permuted and ".self_attn.q_proj." in name:
-            weight = unpermute_rope_rows(weight, spec.num_heads)
+            heads = spec.num_heads
         elif permuted and ".self_attn.k_proj." in name:
-            weight = unpermute_rope_rows(weight, spec.num_kv_heads)
-        yield name, weight
+            heads = spec.num_kv_heads
+        rows = int(tensor.shape[1])
+        order = unpermute_rope_rows(np.arange(rows), heads) if heads else None
+        yield name, GGUFMatrix(tensor, order)
+
+
+def file_kinds(reader: GGUFSource) -> dict[str, str]:
+    """HF name -> GGML type name of every matrix in the file (what forms.py decides by)."""
+    arch = reader.get_field("general.architecture")
+    fused = arch is not None and arch.contents() == "phi3"
+    return {
+        hf_name(t.name, fused): t.tensor_type.name
+        for t in reader.tensors
+        if t.name not in _SKIPPED and len(t.shape) == 2
+    }
 
 
 def dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:
@@ -91,12 +121,15 @@ def dequantize(tensor: gguf.ReaderTensor) -> torch.Tensor:
     return torch.from_numpy(array).reshape(shape)
 
 
-def unpermute_rope_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+def unpermute_rope_rows(weight: T, n_heads: int) -> T:
     """Undo llama.cpp's row permutation: within each head, GGUF interleaves the two rotary
-    halves (pairs), HF keeps them as two contiguous halves (rotate_half)."""
+    halves (pairs), HF keeps them as two contiguous halves (rotate_half). On np.arange(rows):
+    which file row each HF row is."""
     rows = weight.shape[0]
     if rows % (2 * n_heads) != 0:
         raise ValueError(f"cannot un-permute {rows} rows into {n_heads} heads")
     # [heads, head_dim/2, 2, ...] -> [heads, 2, head_dim/2, ...]
     split = weight.reshape(n_heads, rows // n_heads // 2, 2, *weight.shape[1:])
+    if isinstance(split, np.ndarray):
+        return np.ascontiguousarray(split.swapaxes(1, 2).reshape(weight.shape))
     return split.transpose(1, 2).reshape(weight.shape).contiguous()

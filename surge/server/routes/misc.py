@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from surge.kv_events.hashing import HASH_SCHEME
 from surge.server.errors import BadRequestError, NotFoundError
 from surge.server.openapi import HEALTH, LISTING, LOOKUP, METRICS, with_200
 from surge.server.protocol_responses import (
@@ -112,8 +113,20 @@ async def metrics(request: Request) -> Response:
 
 
 @router.get("/version")
-async def version() -> JSONResponse:
-    return JSONResponse({"version": VERSION})
+async def version(request: Request) -> JSONResponse:
+    """The version; with --kv-events-endpoint, where the KV events are published too (what a
+    KV-aware router subscribes to: surge/gateway/kv_subscriber.py)."""
+    body: dict[str, object] = {"version": VERSION}
+    info = get_state(request).client.info
+    if info.kv_events_endpoint is not None:
+        body["kv_events"] = {
+            "endpoint": info.kv_events_endpoint,
+            "replay_endpoint": info.kv_events_replay_endpoint,
+            "topic": info.kv_events_topic,
+            "block_size": info.block_size,
+            "hash": HASH_SCHEME,
+        }
+    return JSONResponse(body)
 
 
 @router.post("/tokenize", responses=with_200(TokenizeResponse) | LOOKUP)
