@@ -51,7 +51,8 @@ system-deps:
 # clock), then the tests that start processes, one at a time (their bounds are wall-clock ones).
 test: system-deps model kernels
 	$(BIN)/python -m pytest -q -n $(or $(TEST_WORKERS),2) --durations=10 -m "not extra and not long and not process"
-	$(BIN)/python -m pytest -q --durations=15 -m "process and not extra and not long"
+	$(BIN)/python -m pytest -q --durations=15 -m "process and not extra and not long" \
+		--ignore=tests/models/test_kernel_tiers.py  # make test-kernel-tiers runs those
 
 # The long ones (accuracy sweeps on the real model, torch.compile checks, the soak, kill -9 under
 # load): each half a minute or more. CI runs them after `make test`.
@@ -65,7 +66,7 @@ test-long: system-deps model kernels
 test-kernel-tiers: install model kernels
 	SURGE_KERNEL_TIER=avx512 $(BIN)/python -m surge.models.kernels
 	SURGE_KERNEL_TIER=scalar $(BIN)/python -m surge.models.kernels
-	$(BIN)/python -m pytest -q -m "slow or extra" tests/models/test_kernel_tiers.py
+	$(BIN)/python -m pytest -q tests/models/test_kernel_tiers.py  # all of it: make test leaves it here
 
 # In-process tests only: no real SmolLM2, no second model, no server/gateway/autoscaler or other
 # child process (the `process` marker, set by tests/process_marker.py), on one worker per core.

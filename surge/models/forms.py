@@ -37,8 +37,8 @@ FORM_BY_TYPE: dict[str, str] = {
     "Q4_0": "q4",
     "Q4_1": "q4",
     "Q8_0": "int8",
-    # K-quants on their own blocks: a Llama-3.2-1B-shaped Q4_K_M decoded 13.7 tok/s on them
-    # against 8.3 as int8 on the AVX2 EPYC, and loaded in 8 s against 24 (BENCHMARKS.md).
+    # K-quants on their own blocks: a Llama-3.2-1B-shaped Q4_K_M decoded 10.4 tok/s on them
+    # against 7.9 as int8 on the AVX2 EPYC, and loaded in 8.5 s against 20.8 (docs/precision.md).
     "Q4_K": "blocks",
     "Q5_K": "blocks",
     "Q6_K": "blocks",

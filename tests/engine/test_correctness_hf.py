@@ -115,6 +115,7 @@ def hf_greedy(
     return out
 
 
+@pytest.mark.long  # the reference harness itself: three generate() calls, ~50 s
 def test_hf_generate_agrees_with_teacher_forcing(
     hf_model: torch.nn.Module, prompts: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
@@ -143,8 +144,9 @@ def test_greedy_identical_to_transformers_with_the_defaults(
     "engine_kwargs",
     [
         {"enable_prefix_caching": False},
-        {"max_num_batched_tokens": 16},
-        {"num_blocks": 48, "enable_prefix_caching": False},
+        # Tiny chunks and preemption by recompute: ~90 and ~65 s each on 2 cores (make test-long)
+        pytest.param({"max_num_batched_tokens": 16}, marks=pytest.mark.long),
+        pytest.param({"num_blocks": 48, "enable_prefix_caching": False}, marks=pytest.mark.long),
     ],
     ids=["no-prefix-cache", "chunked-16", "preemption"],
 )
