@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from surge.models.formats.model_files import ModelFiles, open_model
 from surge.models.forms import estimate_weight_bytes
 from surge.models.kernels import load_q4_linear
 from surge.models.q4 import Q4Linear, dequantize_q4
-from surge.models.quant import Int8Linear, weight_bytes
+from surge.models.quant import Int8Linear, cpu_int8_fast, weight_bytes
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -304,7 +305,11 @@ def test_the_default_engine_and_info_take_the_files_4_bit_blocks(
 ) -> None:
     assert cli_main(["info", "--model", str(smollm2_gguf_path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert f"quantization  q4 (auto: the file's own Q4_1 blocks on the {q4_kernel_name()}" in out
+    # A small model keeps the int8 copy for batches where the CPU has VNNI/AMX (q4-int8).
+    mode = "q4-int8" if cpu_int8_fast() else "q4"
+    assert (
+        f"quantization  {mode} (auto: the file's own Q4_1 blocks on the {q4_kernel_name()}" in out
+    )
     llm = LLM(str(smollm2_gguf_path), device="cpu", num_blocks=64)
     layer = llm.engine.model.layers[0]
     assert isinstance(layer.mlp.down_proj, Q4Linear)
@@ -318,6 +323,21 @@ def test_the_default_engine_and_info_take_the_files_4_bit_blocks(
     params = SamplingParams(max_tokens=6, temperature=0.0)
     [o] = llm.generate(["The capital of France is"], params, use_tqdm=False)
     assert "Paris" in o.outputs[0].text
+
+
+def test_auto_adds_the_int8_copy_only_for_a_small_model_on_a_vnni_cpu(
+    smollm2_gguf_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """q4-int8 under auto where the copy is small and int8 dot products are fast; q4 (no larger
+    than the file) for a 1B, and on a CPU without VNNI."""
+    from surge.engine.runner import loader
+
+    small = open_model(smollm2_gguf_path).spec
+    big = replace(small, hidden_size=2048, intermediate_size=8192, num_layers=16, vocab_size=128256)
+    cpu = Precision(torch.device("cpu"), torch.float32, "test")
+    for fast, spec, want in [(True, small, "q4-int8"), (True, big, "q4"), (False, small, "q4")]:
+        monkeypatch.setattr(loader, "cpu_int8_fast", lambda fast=fast: fast)
+        assert loader._small_model_batch_copy(spec, cpu, None, "auto")[0] == want
 
 
 # ---- accuracy on the real model -------------------------------------------------------------
