@@ -32,9 +32,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -44,6 +41,8 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_gateway import Proc  # a `surge ...` subprocess on a free port, stopped by its PID
 
 from surge.engine.core.block_manager import BlockManager  # the oracle's caches
 from surge.gateway.kv_tokens import prompt_tokens  # the gateway's own tokenizing
@@ -54,44 +53,6 @@ WORDS = ("latency", "cache", "token", "batch", "replica", "gateway", "prefix", "
          "invoice", "refund", "flight", "hotel", "policy", "account", "order")  # fmt: skip
 POLICIES = ("round_robin", "prefix", "kv_aware")
 Conversation = list[list[dict[str, str]]]  # each turn's full messages
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Proc:
-    """A `surge ...` subprocess on a free port, waited for, stopped by PID."""
-
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "surge.cli", *args, "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def wait(self, path: str = "/health", timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.proc.args} exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + path, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.proc.args} not ready")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 # ------------------------------------------------------------------------------- workload

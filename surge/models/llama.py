@@ -9,8 +9,6 @@ Tokens of all requests in a step are flattened into one [num_tokens] batch: no p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 from torch import Tensor, nn
 
@@ -159,47 +157,3 @@ class LlamaForCausalLM(nn.Module):
             return embed.head(x, torch.float32)
         assert isinstance(embed, nn.Embedding)
         return (x @ embed.weight.t()).float()
-
-    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Load HF-named tensors, fusing q/k/v and gate/up into the fused projections."""
-        params = dict(self.named_parameters())
-        pending: dict[str, dict[str, Tensor]] = {}
-        loaded: set[str] = set()
-        fused = {
-            "q_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-            "k_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-            "v_proj": ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-            "gate_proj": ("gate_up_proj", ("gate_proj", "up_proj")),
-            "up_proj": ("gate_up_proj", ("gate_proj", "up_proj")),
-        }
-        for hf_name, tensor in weights:
-            name = hf_name.removeprefix("model.")
-            if name == "lm_head.weight" and self.lm_head is None:
-                continue  # tied: the embedding serves as the head
-            parts = name.split(".")
-            part = parts[-2] if len(parts) >= 2 else ""
-            if part in fused:
-                target_part, members = fused[part]
-                target = ".".join([*parts[:-2], target_part, parts[-1]])
-                group = pending.setdefault(target, {})
-                group[part] = tensor
-                if all(m in group for m in members):
-                    tensor = torch.cat([group[m] for m in members], dim=0)
-                    del pending[target]
-                    name = target
-                else:
-                    continue
-            if name not in params:
-                raise ValueError(f"unexpected weight {hf_name!r}")
-            param = params[name]
-            if tuple(param.shape) != tuple(tensor.shape):
-                raise ValueError(
-                    f"weight {hf_name!r} has shape {tuple(tensor.shape)}, "
-                    f"expected {tuple(param.shape)}"
-                )
-            with torch.no_grad():
-                param.copy_(tensor)
-            loaded.add(name)
-        missing = set(params) - loaded
-        if pending or missing:
-            raise ValueError(f"weights missing from the model files: {sorted(missing)[:8]}")

@@ -34,29 +34,24 @@ def shedding_server(tiny_model_dir: Path) -> Iterator[ServerProcess]:
     server.stop()
 
 
-async def _queue_waiting(client: httpx.AsyncClient, url: str, at_least: int) -> None:
+async def _queue_waiting(server: ServerProcess, at_least: int) -> None:
     """Until the server's own gauge shows `at_least` requests waiting (a fixed sleep raced the
     burst on a slow CI machine: the short request arrived to an empty queue, was admitted, and
     timed out instead of being refused)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     for _ in range(200):
-        text = (await client.get(url + "/metrics")).text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "vllm:num_requests_waiting" and sample.value >= at_least:
-                    return
+        if await asyncio.to_thread(server.metric, "vllm:num_requests_waiting") >= at_least:
+            return
         await asyncio.sleep(0.05)
     raise AssertionError(f"the queue never held {at_least} requests")
 
 
-async def _burst_with_a_short_deadline(url: str) -> tuple[list[Outcome], Outcome]:
+async def _burst_with_a_short_deadline(server: ServerProcess) -> tuple[list[Outcome], Outcome]:
     """The burst, and one request asking for a 50 ms deadline once the queue is full."""
-    task = asyncio.create_task(burst(url, NUM, BODY))
+    task = asyncio.create_task(burst(server.url, NUM, BODY))
+    await _queue_waiting(server, 8)  # a full batch waits behind the running one
     async with httpx.AsyncClient(timeout=60) as client:
-        await _queue_waiting(client, url, 8)  # a full batch waits behind the running one
         client.headers["x-surge-timeout"] = "0.05"
-        short = await one(client, url, BODY)
+        short = await one(client, server.url, BODY)
     return await task, short
 
 
@@ -65,7 +60,7 @@ def test_a_burst_is_refused_fast_and_no_admitted_request_waits_past_the_bound(
 ) -> None:
     url = shedding_server.url
     asyncio.run(burst(url, 2, BODY))  # the engine's step time is measured from here on
-    outcomes, short = asyncio.run(_burst_with_a_short_deadline(url))
+    outcomes, short = asyncio.run(_burst_with_a_short_deadline(shedding_server))
 
     refused = [o for o in outcomes if o.status == 429]
     admitted = [o for o in outcomes if o.status == 200]

@@ -83,8 +83,9 @@ class Background:
             self.step_cost = StepCostModel(samples)
 
     def observe(self, num_tokens: int, num_rows: int, seconds: float) -> None:
-        """A step the engine ran (its shape and time)."""
-        if self.step_s is not None:
+        """A step the engine ran (its shape and time). Only while the rules are in play: a
+        single class of traffic pays no refits in its steps (the calibration stays the prior)."""
+        if self.step_s is not None and self._lead is not None:
             self.step_cost.observe(((num_tokens, num_rows, seconds),))
 
     def plan(
