@@ -15,11 +15,28 @@ clients' conversations interleaved turn by turn), goes to the replica whose simu
 serves the most of its prompt (ties: the replica given fewest requests); each simulated cache
 is the engine's own BlockManager with the replicas' size (--num-kv-blocks): the same LRU and
 partial-block reuse, filled with the prompt's blocks and the answer's (unique). Requests run
-one at a time in it and load is ignored: a bound on what routing alone can reach.
+one at a time in it and load is ignored: a bound on what routing alone can reach (and no
+restart empties its caches).
 
-    python benchmarks/bench_kv_routing.py --model smollm2-135m --num-kv-blocks 128
+Two workloads where only events can know (both off by default):
 
-A check that it runs (seconds, tiny figures, not results):
+- `--restart-at F`: once a fraction F of the requests is done, replica 0 restarts (SIGTERM,
+  a drain, then the same command on the same port): its cache is empty when it is back. Its
+  KV events say so (the index drops it when the connection goes); the chunk LRU still sends
+  its prefixes there.
+- `--gateways N`: N gateways (an HA pair behind an L4 balancer), each turn of a conversation
+  sent to the next one: each chunk LRU learns only its own traffic, the events are the same
+  for all.
+
+The default run (3 policies, 24 conversations of 3 turns, 4 answer tokens: it measures prefill
+hits and TTFT) is sized for under 8 min on 2 cores (the former 48 x 4 did not end in 12);
+`--gateway-args '--kv-routed-ttl 0'` turns kv_aware's routed claims off (events only):
+
+    python benchmarks/bench_kv_routing.py --model smollm2-135m
+    python benchmarks/bench_kv_routing.py --model smollm2-135m --restart-at 0.4
+    python benchmarks/bench_kv_routing.py --model smollm2-135m --gateways 2
+
+A check that it runs (a few minutes, for the processes' starts; tiny figures, not results):
 
     python benchmarks/bench_kv_routing.py --model /path/to/tiny-hf-folder --dtype float32 \\
         --num-kv-blocks 48 --tenants 2 --conversations 4 --turns 2 --system-words 40 \\
@@ -32,7 +49,10 @@ import argparse
 import asyncio
 import json
 import random
+import shlex
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -142,40 +162,64 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def drive(gateway: str, conversations: Sequence[Conversation], args: argparse.Namespace
-                ) -> tuple[list[float], int]:  # fmt: skip
-    """TTFTs of every turn, and the failures; each client runs whole conversations."""
+async def drive(
+    gateways: Sequence[str],
+    conversations: Sequence[Conversation],
+    args: argparse.Namespace,
+    on_done: Any = None,
+) -> tuple[list[float], int]:
+    """TTFTs of every turn, and the failures; each client runs whole conversations, turn k of
+    its conversations going to gateway (client + k) mod N. `on_done(n)` after each request."""
     queues = [list(conversations[i :: args.concurrency]) for i in range(args.concurrency)]
     ttfts: list[float] = []
-    failed = 0
+    failed = done = 0
 
-    async def turn(http: httpx.AsyncClient, messages: list[dict]) -> None:
+    async def turn(http: httpx.AsyncClient, gateway: str, messages: list[dict]) -> None:
         nonlocal failed
         body = {"model": "bench", "messages": messages, "max_tokens": args.max_tokens,
                 "stream": True, "temperature": 0, "ignore_eos": True}  # fmt: skip
         t0 = time.perf_counter()
         first = None
-        async with http.stream("POST", gateway + "/v1/chat/completions", json=body) as r:
-            if r.status_code != 200:
-                failed += 1
-                await r.aread()
-                return
-            async for line in r.aiter_lines():
-                if first is None and line.startswith("data: {"):
-                    choices = json.loads(line[6:]).get("choices") or [{}]
-                    if choices[0].get("delta", {}).get("content"):
-                        first = time.perf_counter() - t0
+        try:
+            async with http.stream("POST", gateway + "/v1/chat/completions", json=body) as r:
+                if r.status_code != 200:
+                    failed += 1
+                    await r.aread()
+                    return
+                async for line in r.aiter_lines():
+                    if first is None and line.startswith("data: {"):
+                        choices = json.loads(line[6:]).get("choices") or [{}]
+                        if choices[0].get("delta", {}).get("content"):
+                            first = time.perf_counter() - t0
+        except httpx.HTTPError:  # a stream cut (a replica restarting under it)
+            failed += 1
+            return
         if first is not None:
             ttfts.append(first)
 
-    async def client(http: httpx.AsyncClient, convs: list[Conversation]) -> None:
+    async def client(http: httpx.AsyncClient, c: int, convs: list[Conversation]) -> None:
+        nonlocal done
         for conv in convs:
-            for messages in conv:
-                await turn(http, messages)
+            for k, messages in enumerate(conv):
+                await turn(http, gateways[(c + k) % len(gateways)], messages)
+                done += 1
+                if on_done is not None:
+                    on_done(done)
 
     async with httpx.AsyncClient(timeout=600) as http:
-        await asyncio.gather(*(client(http, q) for q in queues if q))
+        await asyncio.gather(*(client(http, c, q) for c, q in enumerate(queues) if q))
     return ttfts, failed
+
+
+def restart(replica: Proc) -> float:
+    """Stop a replica (SIGTERM: it drains) and start the same command on the same port; the
+    seconds until it is healthy again."""
+    t0 = time.perf_counter()
+    replica.stop()
+    cmd = [str(a) for a in replica.proc.args]  # type: ignore[union-attr]
+    replica.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    replica.wait()
+    return time.perf_counter() - t0
 
 
 def run_policy(policy: str, conversations: Sequence[Conversation], args: argparse.Namespace
@@ -191,19 +235,48 @@ def run_policy(policy: str, conversations: Sequence[Conversation], args: argpars
         for r in replicas:
             r.wait()
         every = [a for r in replicas for a in ("--upstream", r.url)]
-        gateway = Proc("gateway", *every, "--policy", policy, "--kv-tokenizer", args.model,
-                       "--scrape-interval", "0.25")  # fmt: skip
-        procs.append(gateway)
-        gateway.wait()
+        gateways = [
+            Proc("gateway", *every, "--policy", policy, "--kv-tokenizer", args.model,
+                 "--scrape-interval", "0.25", "--health-interval", "0.5",
+                 *shlex.split(args.gateway_args))
+            for _ in range(args.gateways)
+        ]  # fmt: skip
+        procs += gateways
+        for g in gateways:
+            g.wait()
         time.sleep(1.0)  # the kv_aware gateway reads /version and subscribes
         urls = [r.url for r in replicas]
-        hits0 = sum(metric_sum(u, "vllm:prefix_cache_hits_total") for u in urls)
-        queries0 = sum(metric_sum(u, "vllm:prefix_cache_queries_total") for u in urls)
+        # A restarted replica's counters start again from 0: what it counted before is kept.
+        counted = {"hits": 0.0, "queries": 0.0}
+
+        def count(sign: float) -> None:
+            for name, metric in (("hits", "vllm:prefix_cache_hits_total"),
+                                 ("queries", "vllm:prefix_cache_queries_total")):  # fmt: skip
+                counted[name] += sign * sum(metric_sum(u, metric) for u in urls)
+
+        count(-1)
+        total = sum(len(c) for c in conversations)
+        restarts: list[threading.Thread] = []
+        restart_s: list[float] = []
+
+        def on_done(n: int) -> None:
+            if args.restart_at is not None and not restarts and n >= args.restart_at * total:
+
+                def run() -> None:
+                    counted["hits"] += metric_sum(urls[0], "vllm:prefix_cache_hits_total")
+                    counted["queries"] += metric_sum(urls[0], "vllm:prefix_cache_queries_total")
+                    restart_s.append(restart(replicas[0]))
+
+                restarts.append(threading.Thread(target=run))
+                restarts[0].start()
+
         t0 = time.perf_counter()
-        ttfts, failed = asyncio.run(drive(gateway.url, conversations, args))
+        ttfts, failed = asyncio.run(drive([g.url for g in gateways], conversations, args, on_done))
         elapsed = time.perf_counter() - t0
-        hits = sum(metric_sum(u, "vllm:prefix_cache_hits_total") for u in urls) - hits0
-        queries = sum(metric_sum(u, "vllm:prefix_cache_queries_total") for u in urls) - queries0
+        for t in restarts:
+            t.join()
+        count(+1)
+        hits, queries = counted["hits"], counted["queries"]
         return {
             "policy": policy,
             "hit_rate": hits / queries if queries else 0.0,
@@ -212,6 +285,7 @@ def run_policy(policy: str, conversations: Sequence[Conversation], args: argpars
             "requests": len(ttfts) + failed,
             "failed": failed,
             "elapsed_s": elapsed,
+            "restart_s": restart_s[0] if restart_s else None,
         }
     finally:
         for p in reversed(procs):
@@ -224,19 +298,25 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument(
-        "--num-kv-blocks", type=int, default=128, help="per replica (too few on purpose)"
+        "--num-kv-blocks", type=int, default=96, help="per replica (too few on purpose)"
     )
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--tenants", type=int, default=6)
     ap.add_argument("--system-words", type=int, default=300)
-    ap.add_argument("--conversations", type=int, default=48)
-    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--conversations", type=int, default=24)
+    ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--user-words", type=int, default=30)
     ap.add_argument("--assistant-words", type=int, default=40)
-    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=4, help="answer tokens (TTFT is measured)")
     ap.add_argument("--concurrency", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--restart-at", type=float, metavar="F",
+                    help="restart replica 0 once this fraction of requests is done")  # fmt: skip
+    ap.add_argument("--gateways", type=int, default=1,
+                    help="gateways, each turn of a conversation sent to the next one")  # fmt: skip
+    ap.add_argument("--gateway-args", default="",
+                    help="more gateway flags, e.g. '--kv-routed-ttl 0' (claims off)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
 

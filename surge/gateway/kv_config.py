@@ -27,8 +27,22 @@ class KvConfig:
         default=32_768, metadata=flag("tokens of a prompt looked up at most", name="kv-max-tokens")
     )
 
+    # A routed prompt's blocks count as held by its replica this long, or until that replica's
+    # events store or remove them (kv_index.py: the prefill's own delay otherwise scatters a
+    # new prefix sent several times at once).
+    routed_ttl_s: float = field(
+        default=10.0,
+        metadata=flag(
+            "seconds a routed prompt's blocks count as held by its replica before its KV "
+            "events confirm them (0: only what the events say)",
+            name="kv-routed-ttl",
+        ),
+    )
+
     def __post_init__(self) -> None:
         if not self.tokenizer:
             raise ValueError("kv.tokenizer must name a model")
         if self.max_tokens < 1:
             raise ValueError(f"kv.max_tokens must be >= 1, got {self.max_tokens}")
+        if self.routed_ttl_s < 0:
+            raise ValueError(f"kv.routed_ttl_s must be >= 0, got {self.routed_ttl_s}")

@@ -34,8 +34,9 @@ class GatewayState:
     @classmethod
     def create(cls, config: GatewayConfig) -> GatewayState:
         rng = random.Random(config.seed)
-        # One index of every replica's blocks: what a replica holds is a fact, not a guess.
-        kv_index = KvIndex() if config.policy is Policy.KV_AWARE else None
+        # One index of every replica's blocks: what its events say it holds, and for a short
+        # while (routed claims, --kv-routed-ttl) what was just sent there.
+        kv_index = KvIndex(config.kv.routed_ttl_s) if config.policy is Policy.KV_AWARE else None
         return cls(
             config=config,
             pool=UpstreamPool(config),

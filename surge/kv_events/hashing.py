@@ -23,6 +23,7 @@ HASH_SCHEME = "surge:blake2b-128:v1"
 # Parent of the first block: a fixed marker, so "no parent" never equals any real digest.
 _NONE_HASH = hashlib.blake2b(b"surge:block-hash:none", digest_size=16).digest()
 _LITTLE_ENDIAN = sys.byteorder == "little"
+_LEN = struct.Struct("<Q").pack  # a field's length prefix
 
 
 def _token_bytes(token_ids: Sequence[int]) -> bytes:
@@ -61,11 +62,21 @@ def extend_block_hashes(
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    num_full = len(token_ids) // block_size
-    for i in range(len(hashes), num_full):
-        parent = hashes[i - 1] if i > 0 else None
-        block = token_ids[i * block_size : (i + 1) * block_size]
-        hashes.append(hash_block(parent, block, extra if i == 0 else b""))
+    start, num_full = len(hashes), len(token_ids) // block_size
+    if start >= num_full:
+        return
+    # The bytes hash_block would feed, built once for all the new blocks: a router hashes
+    # every request's prompt on its decision path (3-4x faster than a hash_block per block).
+    width = 8 * block_size
+    data = _token_bytes(token_ids[start * block_size : num_full * block_size])
+    tokens_len, blake = _LEN(width), hashlib.blake2b
+    parent = hashes[start - 1] if start > 0 else _NONE_HASH
+    for i in range(start, num_full):
+        off = (i - start) * width
+        ex = extra if i == 0 else b""
+        fields = (_LEN(len(parent)), parent, tokens_len, data[off : off + width], _LEN(len(ex)), ex)
+        parent = blake(b"".join(fields), digest_size=16).digest()
+        hashes.append(parent)
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, extra: bytes = b"") -> list[bytes]:

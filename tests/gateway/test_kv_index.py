@@ -101,3 +101,38 @@ def test_block_manager_records_what_enters_and_leaves_its_cache() -> None:
     quiet.allocate_slots("r", len(tokens), tokens, hashes)
     quiet.cache_full_blocks("r", tokens, hashes, len(tokens))
     assert quiet.take_events() == []
+
+
+def test_routed_claims_count_until_events_or_their_time_say_otherwise() -> None:
+    now = [0.0]
+    index = KvIndex(routed_ttl_s=5.0, clock=lambda: now[0])
+    for url in (A, B):
+        index.set_block_size(url, 16)
+    balancer = KvAware(PrefixConfig(balance_abs=4, balance_rel=1.5), index)
+    key = RouteKey(prompt_tokens=(*TOKENS, 7))
+    hashes = block_hashes(TOKENS, 16)
+    # A new prefix goes by load; the same prefix again, before any event, follows it there
+    # although the other replica is now less loaded (within the thresholds).
+    assert balancer.pick([UpstreamSnapshot(A, in_flight=1), UpstreamSnapshot(B)], key) == B
+    assert index.matched(B, hashes) == 4 and index.blocks(B) == 0  # claimed, not held
+    assert balancer.pick([UpstreamSnapshot(A), UpstreamSnapshot(B, in_flight=2)], key) == B
+    # Its events remove a block: the claim past it goes too.
+    index.apply(B, 0, KVEventBatch(0.0, [BlockRemoved([hashes[1]])]))
+    assert index.matched(B, hashes) == 1
+    # A claim expires: with nothing stored, nothing is held.
+    now[0] = 6.0
+    assert index.matched(B, hashes) == 0
+    # Stored blocks are facts (they outlive claims); a drop forgets the claims too.
+    balancer.pick([UpstreamSnapshot(A, in_flight=1), UpstreamSnapshot(B)], key)
+    index.apply(B, 1, _stored(TOKENS[:32]))
+    now[0] = 20.0
+    assert index.matched(B, hashes) == 2
+    balancer.pick([UpstreamSnapshot(A, in_flight=1), UpstreamSnapshot(B)], key)
+    assert index.matched(B, hashes) == 4
+    index.drop(B, "disconnected")
+    assert index.matched(B, hashes) == 0
+    # Off (the default of a bare index): only events count.
+    bare = KvIndex()
+    bare.set_block_size(A, 16)
+    KvAware(PrefixConfig(), bare).pick([UpstreamSnapshot(A)], key)
+    assert bare.matched(A, hashes) == 0
