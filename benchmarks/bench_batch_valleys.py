@@ -16,11 +16,13 @@ batch lines:
    TTFT p99 and interactive tokens/s I1; the batch's tokens/s B = surge:batch_tokens_total's
    growth over the same seconds. Batch share of the leftover capacity = B / (C - I1).
    Targets: TTFT p99 with the batch <= 1.10 x without it; share >= 0.80.
+   `server_side` splits each run's interactive TTFT as the server saw it (means: before the
+   engine, in the engine's queue, whole) and gives the API and engine processes' CPU (cores).
 4. (--throughput-lines N) A batch of N lines alone, against a closed loop of the same N requests
    at --batch-max-concurrency streams: target >= 0.90 of its tokens/s.
 
     python -m benchmarks.bench_batch_valleys [--model smollm2-135m] [--duration 120]
-        [--batch-lines 5000] [--throughput-lines 10000] [--json out.json]
+        [--batch-lines 5000] [--throughput-lines 10000] [--no-valleys] [--json out.json]
 
 Check run (not a measurement): --model <tiny folder> --duration 6 --capacity-duration 4
     --batch-lines 40 --throughput-lines 20 --input-len 16 --output-len 8
@@ -71,6 +73,58 @@ def metric(url: str, name: str) -> float:
             if sample.name == name:
                 return float(sample.value)
     return 0.0
+
+
+# Server-side sums and counts (interactive requests only: batch lines stay out of these), to
+# say where a phase's TTFT went: before the engine (the API process), waiting in the engine's
+# queue (the step in flight and the steps before its first), or after.
+SPLITS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "engine_queue": "vllm:request_queue_time_seconds",
+    "api_before_engine": "surge:request_overhead_seconds",
+}
+
+
+def sums(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    want = {f"{m}_{k}": f"{n}_{k}" for n, m in SPLITS.items() for k in ("sum", "count")}
+    out = dict.fromkeys(want.values(), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in want:  # one model: its model_name label only
+                out[want[sample.name]] += float(sample.value)
+    return out
+
+
+class Phase:
+    """What one phase cost: the server's interactive TTFT split (means, seconds) and the CPU
+    seconds of the API process and of the engine process (2 cores share both)."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        import psutil
+
+        self.server = server
+        self.procs = {
+            "api": psutil.Process(server.proc.pid),
+            "engine": psutil.Process(server.engine_pid()),
+        }
+        self.t0, self.s0, self.c0 = time.monotonic(), sums(server.url), self.cpu()
+
+    def cpu(self) -> dict[str, float]:
+        return {k: (t := p.cpu_times()).user + t.system for k, p in self.procs.items()}
+
+    def end(self) -> dict[str, Any]:
+        took = time.monotonic() - self.t0
+        s1, c1 = sums(self.server.url), self.cpu()
+        d = {k: s1[k] - self.s0[k] for k in s1}
+        means = {
+            f"{n}_mean_s": d[f"{n}_sum"] / d[f"{n}_count"] if d[f"{n}_count"] else None
+            for n in SPLITS
+        }
+        cores = {f"{k}_cpu_cores": (c1[k] - self.c0[k]) / took for k in c1}
+        return {**means, **cores, "seconds": took}
 
 
 def batch_file(args: argparse.Namespace, path: str | None, n: int, seed: int) -> bytes:
@@ -130,7 +184,8 @@ def wait_for(
     return b
 
 
-def valleys(url: str, args: argparse.Namespace, path: str | None) -> dict[str, Any]:
+def valleys(server: ServerProcess, args: argparse.Namespace, path: str | None) -> dict[str, Any]:
+    url = server.url
     g0 = metric(url, "vllm:generation_tokens_total")
     cap = bench(
         url, args, path, concurrency=args.capacity_clients,
@@ -146,12 +201,16 @@ def valleys(url: str, args: argparse.Namespace, path: str | None) -> dict[str, A
         period_s=args.duration,
     )
     kw = {"concurrency": None, "arrival": load, "duration_s": args.duration, "drain_s": 60.0}
+    phase = Phase(server)
     alone = bench(url, args, path, **kw)
+    split_alone = phase.end()
     batch_id = submit(url, batch_file(args, path, args.batch_lines, seed=args.seed + 1))
     wait_for(url, batch_id, ("in_progress",), 300)
     time.sleep(2.0)  # the batch up to its pace
     b0, t1 = metric(url, "surge:batch_tokens_total"), time.monotonic()
+    phase = Phase(server)
     shared = bench(url, args, path, **kw)
+    split_shared = phase.end()
     batch_tok_s = (metric(url, "surge:batch_tokens_total") - b0) / (time.monotonic() - t1)
     left = batch(url, batch_id)
     httpx.post(f"{url}/v1/batches/{batch_id}/cancel", timeout=30)
@@ -173,6 +232,7 @@ def valleys(url: str, args: argparse.Namespace, path: str | None) -> dict[str, A
         "leftover_tok_s": leftover,
         "batch_share_of_leftover": batch_tok_s / leftover if leftover > 0 else None,
         "batch_lines_done_during_run": left["request_counts"],
+        "server_side": {"without_batch": split_alone, "with_batch": split_shared},
         "targets": {"ttft_p99_ratio_at_most": 1.10, "batch_share_at_least": 0.80},
     }
 
@@ -214,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak", type=float, default=0.6, help="sinusoid high, share of capacity")
     p.add_argument("--batch-lines", type=int, default=5000)
     p.add_argument("--throughput-lines", type=int, default=0, help="0: skip phase 4")
+    p.add_argument(
+        "--no-valleys", action="store_true", help="skip phases 1-3 (phase 4 alone: target 4)"
+    )
     p.add_argument("--batch-max-concurrency", type=int, default=64)
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=64)
@@ -235,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             out: dict[str, Any] = {"model": args.model}
-            out["valleys"] = valleys(server.url, args, tokenizer)
+            if not args.no_valleys:
+                out["valleys"] = valleys(server, args, tokenizer)
             if args.throughput_lines:
                 out["throughput"] = throughput(server.url, args, tokenizer)
         finally:

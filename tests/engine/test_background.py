@@ -147,16 +147,43 @@ def test_a_sliced_prefill_chunk_is_cut_to_the_time_left() -> None:
 
 
 def test_batch_alone_after_the_quiet_time_runs_whole_steps_again() -> None:
-    s = priced(scheduler(background_step_ms=10.5, background_quiet_s=5.0))
-    lines = start_batch(s, 8, max_tokens=200)
+    s = priced(scheduler(max_seqs=32, background_step_ms=10.5, background_quiet_s=5.0))
+    lines = start_batch(s, 20, max_tokens=200)
     s.add(request("chat", 1.0, max_tokens=3))
     t = 1.0
     while "chat" in s.requests:
         step(s, t)
         t += 0.1
-    # The interactive request is gone, but more may come: the slice stays for the quiet time.
-    assert ids(step(s, t + 4.0)) == lines[:3]
+    # The interactive request is gone, but more may come: a slice stays for the quiet time,
+    # IDLE_SLICES of them with nothing urgent present (42 ms at 3 ms a row: 14 rows).
+    assert ids(step(s, t + 4.0)) == lines[:14]
     assert ids(step(s, t + 5.5)) == lines
+
+
+def test_a_batch_that_starts_just_after_interactive_work_is_background_at_once() -> None:
+    # 2.5 ms, 10 ms with nothing urgent present: one 8-token prefill (2 + 8 ms) a step.
+    s = priced(scheduler(background_step_ms=2.5, background_quiet_s=5.0))
+    s.add(request("chat", 0.0, max_tokens=3))
+    for i in range(4):
+        step(s, i * 0.1)  # interactive work alone, then gone
+    assert not s.has_work()
+    for i in range(12):  # 2 s later, within the quiet time, alone in the engine
+        s.add(request(f"line-{i}", 2.0, BATCH))
+    assert ids(step(s, 2.0)) == ["line-0"]  # a slice, not a whole step
+    # Quiet since 0.2 s: whole steps (the 64-token budget: the next 8 prompts, and line-0).
+    assert len(step(s, 5.5).requests) == 9
+
+
+def test_the_slice_shrinks_as_urgent_rows_grow_past_busy_rows() -> None:
+    # 21 ms: 7 batch rows beside up to BUSY_ROWS (4) chats; beside 8 chats, half: 3 rows.
+    s = priced(scheduler(max_seqs=32, background_step_ms=21.0))
+    lines = start_batch(s, 12, max_tokens=200)
+    for n, rows in ((4, 7), (8, 3)):
+        for i in range(n - len([r for r in s.requests if r.startswith("chat")])):
+            s.add(request(f"chat-{n}-{i}", 1.0, max_tokens=100))
+        step(s, 1.0)  # their prefill: the batch held
+        out = ids(step(s, 1.1))
+        assert all(r.startswith("chat") for r in out[:n]) and out[n:] == lines[:rows]
 
 
 def test_no_line_starves_and_all_finish_under_steady_interactive_traffic() -> None:

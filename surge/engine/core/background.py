@@ -15,9 +15,17 @@ both lengthened by the background rows. So, each step:
    room, so the batch always moves. A request that arrives mid-step then waits for a step
    hardly longer than the urgent work's own. On a GPU, where a row costs little, the bound
    lets nearly everything through.
+   The slice shrinks as urgent rows grow past BUSY_ROWS (slice x BUSY_ROWS / rows): at a peak
+   every millisecond added to a step also lengthens each urgent request's decode, so more of
+   them run at once and the next arrival's prefill step (which carries all their decode rows)
+   grows with them; a fixed slice compounded into the tail. With nothing more urgent present
+   (a valley, within the quiet time) the slice is IDLE_SLICES times larger: an arrival then
+   meets an engine that would otherwise be idle, and a bg-only step pays the step's fixed
+   cost for few rows.
 
-With nothing more urgent seen for `background_quiet_s`, background work is no longer background:
-it runs whole steps, as the same requests sent directly would (a batch alone is not slowed).
+With nothing more urgent seen for `background_quiet_s` (work that ran alone before it came
+counts too), background work is no longer background: it runs whole steps, as the same requests
+sent directly would (a batch alone is not slowed).
 Requests of equal priority, and the fcfs and fair policies, never meet either rule.
 """
 
@@ -30,6 +38,9 @@ from surge.engine.client.step_cost import StepCostModel, StepSample
 from surge.engine.config import SchedulerConfig
 from surge.engine.core.policies import Policy
 from surge.engine.core.request import Request
+
+BUSY_ROWS = 4  # urgent rows that leave the whole slice to background rows; more shrink it
+IDLE_SLICES = 4.0  # the slice with nothing more urgent present, in slices
 
 
 @dataclass(slots=True)
@@ -76,6 +87,7 @@ class Background:
         self.quiet_s = config.background_quiet_s
         self.step_cost = StepCostModel()
         self._lead: tuple[Request, float] | None = None  # the last urgent request, and when
+        self._seen: tuple[Request, float] | None = None  # the last of a one-class step, and when
 
     def calibrate(self, samples: Sequence[StepSample]) -> None:
         """The engine's start-up step costs, as the cost model's prior."""
@@ -94,9 +106,21 @@ class Background:
         present = [*running, *waiting]
         if not present:
             return StepPlan()
-        if self._lead is None and all(r.priority == present[0].priority for r in present):
-            return StepPlan()  # one class, as most traffic: nothing to rank
         key, preempts = self.policy.key, self.policy.should_preempt
+        if self._lead is None:
+            # A batch that starts just after interactive work left (alone in the engine, or
+            # beside others of its class) is background from its first step: the next arrival
+            # would otherwise meet a whole step of it, a prefill-heavy one as its lines start.
+            seen = self._seen
+            if seen is not None and (
+                now_s - seen[1] > self.quiet_s or not preempts(seen[0], present[0], now_s)
+            ):
+                seen = None
+            if seen is not None:
+                self._lead, self._seen = seen, None
+            elif all(r.priority == present[0].priority for r in present):
+                self._seen = present[0], now_s  # remembered, should lower work come next
+                return StepPlan()  # one class, as most traffic: nothing to rank
         lead = min(present, key=lambda r: key(r, now_s))
         sliced = {r.req_id for r in present if preempts(lead, r, now_s)}
         if sliced:
@@ -116,5 +140,10 @@ class Background:
         plan = StepPlan(held, sliced)
         coef = self.step_cost.coef
         if self.step_s is not None and coef is not None:
-            plan.left_s, plan.per_token_s, plan.per_row_s = self.step_s, coef[1], coef[2]
+            urgent = len(present) - len(sliced)  # the rows the step is for
+            if urgent == 0:
+                left = self.step_s * IDLE_SLICES
+            else:
+                left = self.step_s * min(1.0, BUSY_ROWS / urgent)
+            plan.left_s, plan.per_token_s, plan.per_row_s = left, coef[1], coef[2]
         return plan
