@@ -24,6 +24,7 @@ class Settings:
     verbose_build: bool  # SURGE_VERBOSE_BUILD: print the compiler's lines
     amx: str  # SURGE_AMX: auto | on | off | emulate (the int8 GEMM's and attention's engine)
     calibration_dir: Path  # SURGE_CALIBRATION_DIR: measured step costs, per model and machine
+    layout_dir: Path | None  # SURGE_LAYOUT_DIR: weights in their final layout ("off": none)
     tiled_prefill: bool  # SURGE_TILED_PREFILL=0: the fused stack's prefill row by row
     state_home: Path  # XDG_STATE_HOME: durable state (Batch API files and batches)
     # OpenTelemetry's own variables (the defaults of the tracing flags)
@@ -41,6 +42,7 @@ def settings() -> Settings:
         verbose_build=bool(env.get("SURGE_VERBOSE_BUILD")),
         amx=env.get("SURGE_AMX", "auto") or "auto",
         calibration_dir=Path(env.get("SURGE_CALIBRATION_DIR") or _CACHE / "calibration"),
+        layout_dir=_layout_dir(env.get("SURGE_LAYOUT_DIR")),
         tiled_prefill=env.get("SURGE_TILED_PREFILL", "1") != "0",
         state_home=Path(env.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"),
         otlp_traces_endpoint=(
@@ -53,6 +55,12 @@ def settings() -> Settings:
         or None,
         otel_service_name=env.get("OTEL_SERVICE_NAME") or None,
     )
+
+
+def _layout_dir(value: str | None) -> Path | None:
+    if value == "off":
+        return None
+    return Path(value) if value else _CACHE / "layouts"
 
 
 def env_value(name: str) -> str | None:

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from surge.models import amx
 from surge.models.formats.spec import SUPPORTED_ARCHITECTURES, ModelSpec
 from surge.models.kernels import load_int8_linear, load_q4_linear
+from surge.models.layout_cache import LayoutCache
 from surge.models.llama import LlamaForCausalLM
 from surge.models.q4 import K_MULTIPLE, Q4Linear
 from surge.models.quant import QUANTIZATIONS, Int8Embedding, Int8Linear
@@ -26,6 +27,7 @@ def build_model(
     max_position: int,
     quantization: str = "none",
     use_kernels: bool = True,
+    layout: LayoutCache | None = None,
 ) -> LlamaForCausalLM:
     """Build the network for `spec` on `device` without a random init, loading `weights` (HF
     names; float tensors or matrix sources over a file's blocks) one at a time straight into
@@ -33,6 +35,8 @@ def build_model(
 
     quantization "int8" (and its variants, see `surge.models.quant`), "q4", "q4-int8" and
     "gguf" quantize the linear layers and the embedding as they arrive; norms are in `dtype`.
+    layout: where the converted weights are kept between starts (layout_cache.py); `weights`
+    is then not read where they are stored.
     """
     if spec.architecture not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"unsupported architecture {spec.architecture!r}")
@@ -40,11 +44,17 @@ def build_model(
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
     with torch.device("meta"):
         model = LlamaForCausalLM(spec, max_position)
-    load_streaming(model, weights, quantization, dtype, device, use_kernels)
+    if layout is None or not layout.restore(model, use_kernels):
+        load_streaming(model, weights, quantization, dtype, device, use_kernels)
+        if layout is not None:
+            layout.store(model)
     if quantization != "none" and use_kernels and device.type == "cpu":
         amx.configure(model)  # VNNI or AMX tiles for the int8 GEMM, measured where it has AMX
-    # The cos/sin tables, float32 whatever the model's dtype.
-    model.build_rotary(max_position, device)
+    # The cos/sin tables, float32 whatever the model's dtype. The meta build made the global
+    # ones on the CPU already (layers.RotaryEmbedding): a second build on a CPU is half a second
+    # of a 128k-context model's start; sliding layers' own tables (Gemma 3) are made here.
+    if device.type != "cpu" or spec.rope_local_theta is not None:
+        model.build_rotary(max_position, device)
     return model.eval().requires_grad_(False)
 
 

@@ -3,7 +3,8 @@ chunks (no float32 copy of the whole matrix, none of the model).
 
 Forms: "float" (the model's dtype), "int8" (Int8Linear: per-row scales), "q4" (Q4Linear: 4-bit
 blocks of 32 with float16 d and m; Q4_0/Q4_1 blocks map into it exactly, other sources are
-rounded to it), "blocks" (GGUFLinear: the file's own blocks, any type its kernel takes). The
+rounded to it), "blocks" (GGUFLinear: the file's own blocks, any type its kernel takes; a fused
+stack of several types is a GGUFSegments, each part on its own blocks). The
 quantization picks the form:
 
     none               float
@@ -43,6 +44,8 @@ FORM_BY_TYPE: dict[str, str] = {
     "Q5_K": "blocks",
     "Q6_K": "blocks",
 }
+# The types the "blocks" form runs (GGUFLinear's kernels); a stack may mix them.
+BLOCK_KINDS = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"})
 DEFAULT_FORM = "int8"  # types not listed (floats, other quants): what Surge ran them as before
 EMBEDDING_FORMS = frozenset({"float", "int8", "q4"})  # the forms with a row lookup
 Q4_MODES = ("q4", "q4-int8")
@@ -68,9 +71,13 @@ def choose_form(kinds: Sequence[str], k: int, mode: str, role: str = "layer") ->
         form = "q4" if role == "layer" or file_q4 else "int8"
     elif mode == "gguf":
         forms = {FORM_BY_TYPE.get(kind, DEFAULT_FORM) for kind in kinds}
-        form = forms.pop() if len(forms) == 1 else DEFAULT_FORM
-        # The file's own blocks need one type across the stack (q4 takes Q4_0 with Q4_1).
-        if form not in ("q4", "int8", "float") and len(set(kinds)) != 1:
+        if len(forms) == 1:
+            form = forms.pop()
+        elif "blocks" in forms and all(kind in BLOCK_KINDS for kind in kinds):
+            # A stack of types with kernels (Q4_K_M's q/k in Q4_K, v in Q6_K): each part on
+            # its own blocks (GGUFSegments), not the whole stack converted to int8.
+            form = "blocks"
+        else:
             form = DEFAULT_FORM
         if role == "embedding" and form not in EMBEDDING_FORMS:
             form = DEFAULT_FORM
@@ -142,18 +149,37 @@ def build_q4(
     return Q4Linear(qs, dm, bias, q4_kernels, int8)
 
 
-def build_blocks(source: MatrixSource, bias: Tensor | None, kernels: bool) -> nn.Module:
-    """GGUFLinear on the file's own blocks (one GGML type across the stack), copied out of the
-    map once: resident bytes are the file's."""
-    from surge.models.gguf_linear import GGUFLinear  # the block kernels' module
+def _runs_of_kinds(source: MatrixSource) -> list[tuple[str, list[MatrixSource]]]:
+    """The stack's members in order, consecutive members of one kind together."""
+    runs: list[tuple[str, list[MatrixSource]]] = []
+    for leaf in _leaves(source):
+        if runs and runs[-1][0] == leaf.kind:
+            runs[-1][1].append(leaf)
+        else:
+            runs.append((leaf.kind, [leaf]))
+    return runs
 
-    blocks = torch.empty(source.n, source.k // GGML_QUANT_SIZES[T[source.kind]][0]
-                         * GGML_QUANT_SIZES[T[source.kind]][1], dtype=torch.uint8)  # fmt: skip
-    for a, b in source.chunks():
-        blocks[a:b] = source.blocks(a, b)
-    return GGUFLinear(
-        blocks, int(T[source.kind]), source.n, source.k, bias, None if kernels else False
-    )
+
+def build_blocks(source: MatrixSource, bias: Tensor | None, kernels: bool) -> nn.Module:
+    """GGUFLinear on the file's own blocks, copied out of the map once: resident bytes are the
+    file's. A stack of several types: GGUFSegments, a GGUFLinear per run of one type."""
+    from surge.models.gguf_linear import GGUFLinear, GGUFSegments  # the block kernels' module
+
+    use = None if kernels else False
+    runs = _runs_of_kinds(source)
+    parts = []
+    for kind, members in runs:
+        n = sum(m.n for m in members)
+        block, size = GGML_QUANT_SIZES[T[kind]]
+        blocks = torch.empty(n, source.k // block * size, dtype=torch.uint8)
+        start = 0
+        for m in members:
+            for a, b in m.chunks():
+                blocks[start + a : start + b] = m.blocks(a, b)
+            start += m.n
+        one_bias = bias if len(runs) == 1 else None
+        parts.append(GGUFLinear(blocks, int(T[kind]), n, source.k, one_bias, use))
+    return parts[0] if len(parts) == 1 else GGUFSegments(parts, bias, use)
 
 
 def matrix_kinds(
@@ -179,21 +205,26 @@ def estimate_forms(
     q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     out: dict[str, int] = {}
 
-    def add(form: str, n: int, k: int, kinds: Sequence[str]) -> None:
-        size = form_bytes(form, n, k, elem, mode == "q4-int8", kinds[0])
+    def add(form: str, n: int, k: int, kinds: Sequence[str], rows: Sequence[int] = ()) -> None:
+        if form == "blocks" and len(kinds) == len(rows) > 1:  # a stack, each part its type
+            size = sum(
+                form_bytes(form, r, k, elem, kind=kind) for r, kind in zip(rows, kinds, strict=True)
+            )
+        else:
+            size = form_bytes(form, n, k, elem, mode == "q4-int8", kinds[0])
         out[form] = out.get(form, 0) + size
 
     layer_mats = (
-        ("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv_proj", q_size + 2 * kv_size, h),
-        ("self_attn", ("o_proj",), "o_proj", h, q_size),
-        ("mlp", ("gate_proj", "up_proj"), "gate_up_proj", 2 * inter, h),
-        ("mlp", ("down_proj",), "down_proj", h, inter),
+        ("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv_proj", (q_size, kv_size, kv_size), h),
+        ("self_attn", ("o_proj",), "o_proj", (h,), q_size),
+        ("mlp", ("gate_proj", "up_proj"), "gate_up_proj", (inter, inter), h),
+        ("mlp", ("down_proj",), "down_proj", (h,), inter),
     )
     for i in range(spec.num_layers):
-        for part, members, fused, n, k in layer_mats:
+        for part, members, fused, rows, k in layer_mats:
             prefix = f"model.layers.{i}.{part}"
             stored = matrix_kinds(kinds, prefix, members, fused)
-            add(choose_form(stored, k, mode), n, k, stored)
+            add(choose_form(stored, k, mode), sum(rows), k, stored, rows)
     embed = matrix_kinds(kinds, "model", ("embed_tokens",), "embed_tokens")
     add(choose_form(embed, h, mode, "embedding"), spec.vocab_size, h, embed)
     if not spec.tie_word_embeddings:

@@ -174,3 +174,64 @@ class GGUFLinear(nn.Module):
         else:
             w = dequantize_blocks(self.blocks, self.qtype)
         return w.to(dtype)
+
+
+class GGUFSegments(nn.Module):
+    """A stacked matrix whose parts are stored in different GGML types (a Q4_K_M file's fused
+    q/k/v with v in Q6_K), each part run on its own blocks into its slice of the output: one
+    rounding of the activations serves every part (`torch.ops.surge.gguf_linear_parts`), no
+    int8 or float copy. `parts`: GGUFLinear layers of one in_features, without bias; `bias`
+    covers the whole stack."""
+
+    bias: Tensor | None
+
+    def __init__(
+        self, parts: list[GGUFLinear], bias: Tensor | None = None, kernels: bool | None = None
+    ) -> None:
+        super().__init__()
+        widths = {p.in_features for p in parts}
+        if not parts or len(widths) != 1 or any(p.bias is not None for p in parts):
+            raise ValueError("GGUFSegments takes GGUFLinear parts of one width, without bias")
+        self.in_features = widths.pop()
+        self.out_features = sum(p.out_features for p in parts)
+        if bias is not None and bias.numel() != self.out_features:
+            raise ValueError(f"bias has {bias.numel()} values, expected {self.out_features}")
+        self.parts = nn.ModuleList(parts)
+        self.kernels = all(p.kernels for p in parts) if kernels is None else kernels
+        self.register_buffer("bias", None if bias is None else bias.detach().float())
+
+    def segments(self) -> list[GGUFLinear]:
+        return [p for p in self.parts if isinstance(p, GGUFLinear)]
+
+    @property
+    def type_name(self) -> str:
+        return "+".join(p.type_name for p in self.segments())
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"{self.type_name}, bias={self.bias is not None}"
+        )
+
+    def forward(self, x: Tensor, out_dtype: torch.dtype | None = None) -> Tensor:
+        """[..., in_features] -> [..., out_features] in `out_dtype` (default: x's dtype)."""
+        dtype = out_dtype or x.dtype
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        parts = self.segments()
+        if (
+            self.kernels
+            and x2.device.type == "cpu"
+            and x2.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        ):
+            blocks = [p.blocks for p in parts]
+            types = [p.qtype for p in parts]
+            out: Tensor = torch.ops.surge.gguf_linear_parts(x2, blocks, types, self.bias)
+        else:
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            out = F.linear(x2, self.dequantize(x.dtype), bias)
+        return out.to(dtype).reshape(*lead, self.out_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """The stacked weights as [out_features, in_features] in `dtype`."""
+        return torch.cat([p.dequantize(dtype) for p in self.segments()])

@@ -1,4 +1,4 @@
-"""A decode step's decoder layers as one compiled call, for 4-bit models on CPU.
+"""A decode step's decoder layers as one compiled call, for 4-bit and GGUF-block models on CPU.
 
 `kernels/q4_decode.cpp` runs every layer of a decode step inside one OpenMP region (no
 dispatcher call, fork/join or tensor allocation per op); the embedding, the final norm and the
@@ -10,6 +10,12 @@ join as rows of their own, one per token: the stack writes every row's K/V befor
 attends, so a row that attends up to its own position is causal attention. The layer-by-layer
 path (eager or compiled) serves everything else: larger steps and chunks, other quantizations
 and devices.
+
+A projection may also be a GGUF matrix on the file's own blocks (GGUFLinear: Q4_K, Q5_K, Q6_K,
+Q8_0, Q4_0, Q4_1; GGUFSegments: a fused q/k/v or gate/up of several types), run by the same
+kernels as GGUFLinear inside the stack's region (kernels/gguf_segments.h), so a Q4_K_M file's
+layers, 4-bit and 6-bit mixed, take the stack too. Such a model has no int8 copies: every step
+up to Q4_ONLY_MAX_ROWS runs on the blocks.
 """
 
 from __future__ import annotations
@@ -22,12 +28,14 @@ import torch
 from torch import Tensor
 
 from surge.models.attention import AttnMetadata
+from surge.models.gguf_linear import GGUFLinear, GGUFSegments
 from surge.models.kernels import load_q4_decode
 from surge.models.llama import DecoderLayer, LlamaForCausalLM
 from surge.models.lora import LoRAModel
 from surge.models.q4 import Q4Linear
 
 log = logging.getLogger(__name__)
+GgufParts = list[tuple[int, Tensor]]  # a GGUF projection's (GGML type, blocks) segments
 
 # Up to this many rows the stack's projections read the 4-bit weights, past it the int8 copies.
 # Engine steps, one against the other (SmolLM2, ~100-token requests, 6 alternating rounds):
@@ -86,34 +94,37 @@ class FusedQ4Decode:
         batch_invariant: bool = False,
     ) -> FusedQ4Decode | None:
         """The fused path for this model and cache, or None where it does not apply (not all
-        layers 4-bit with kernels, neither AVX-512 VNNI nor AVX2, an unsupported head size or
-        cache). q4_max_rows: the most rows on the 4-bit weights (default Q4_MAX_ROWS with int8
-        copies, else Q4_ONLY_MAX_ROWS). batch_invariant: also the `invariant` stack (every
-        step on the int8 copies) where there are int8 copies."""
+        projections 4-bit or GGUF blocks with kernels, neither AVX-512 VNNI nor AVX2, an
+        unsupported head size or cache). q4_max_rows: the most rows on the 4-bit weights
+        (default Q4_MAX_ROWS with int8 copies, else Q4_ONLY_MAX_ROWS). batch_invariant: also
+        the `invariant` stack (every step on the int8 copies) where there are int8 copies."""
         weights: list[Tensor] = []
         int8: list[Tensor] = []  # the int8 copies, packed, when every projection has one
+        gguf: list[GgufParts] = []  # per projection its GGUF segments ([] for a 4-bit one)
         for layer in model.layers:
             assert isinstance(layer, DecoderLayer)
             attn, mlp = layer.self_attn, layer.mlp
-            qkv, o, gate_up, down = attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
-            if not (
-                isinstance(qkv, Q4Linear)
-                and isinstance(o, Q4Linear)
-                and isinstance(gate_up, Q4Linear)
-                and isinstance(down, Q4Linear)
-                and all(p.kernels for p in (qkv, o, gate_up, down))
+            projs = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            parts = [_gguf_parts(p, bias_ok=i == 0) for i, p in enumerate(projs)]
+            if not all(
+                (isinstance(p, Q4Linear) and p.kernels) or g
+                for p, g in zip(projs, parts, strict=True)
             ):
                 return None
+            qkv, o, gate_up, down = projs
             bias = qkv.bias
-            weights += [layer.input_layernorm.weight, qkv.qs, qkv.dm]
+            weights += [layer.input_layernorm.weight, *_q4_arrays(qkv)]
             weights.append(bias if bias is not None else torch.empty(0))
-            weights += [o.qs, o.dm, layer.post_attention_layernorm.weight]
-            weights += [gate_up.qs, gate_up.dm, down.qs, down.dm]
-            for p in (qkv, o, gate_up, down):
-                if p.int8 is not None and p.int8.packed:  # the q4-int8 quantization's copies
-                    int8 += [p.int8.weight, p.int8.scale, p.int8.wsum]
+            weights += [*_q4_arrays(o), layer.post_attention_layernorm.weight]
+            weights += [*_q4_arrays(gate_up), *_q4_arrays(down)]
+            gguf += parts
+            for p in projs:
+                if isinstance(p, Q4Linear) and p.int8 is not None and p.int8.packed:
+                    int8 += [p.int8.weight, p.int8.scale, p.int8.wsum]  # q4-int8's copies
         if len(int8) != 12 * len(model.layers):
             int8 = []
+        if not any(gguf):
+            gguf = []  # all 4-bit
         if q4_max_rows is None:
             q4_max_rows = Q4_MAX_ROWS if int8 else Q4_ONLY_MAX_ROWS
         if not kv_caches or kv_caches[0][0].device.type != "cpu":
@@ -135,6 +146,7 @@ class FusedQ4Decode:
                 spec.num_kv_heads,
                 spec.rms_norm_eps,
                 max_q4_rows,
+                gguf,
             )
 
         try:
@@ -173,3 +185,24 @@ class FusedQ4Decode:
             )  # [rows, hidden] float32, after the last layer
         h = self.model.norm(h[attn.logits_indices].to(self.dtype))
         return self.model.compute_logits(h)
+
+
+def _gguf_parts(proj: Any, bias_ok: bool) -> GgufParts:
+    """A GGUF projection's segments for the stack ([] where it is none, or has a bias the
+    stack does not add: only q/k/v's is)."""
+    if isinstance(proj, GGUFLinear):
+        parts = [proj]
+    elif isinstance(proj, GGUFSegments):
+        parts = proj.segments()
+    else:
+        return []
+    if not proj.kernels or (proj.bias is not None and not bias_ok):
+        return []
+    return [(p.qtype, p.blocks) for p in parts]
+
+
+def _q4_arrays(proj: Any) -> tuple[Tensor, Tensor]:
+    """A 4-bit projection's (qs, dm); empty tensors for a GGUF one (its segments instead)."""
+    if isinstance(proj, Q4Linear):
+        return proj.qs, proj.dm
+    return torch.empty(0, dtype=torch.uint8), torch.empty(0, dtype=torch.float16)

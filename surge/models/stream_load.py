@@ -7,7 +7,8 @@ weights plus one tensor in flight (a fused q/k/v or gate/up group waits as views
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -189,6 +190,32 @@ def load_streaming(
     loader.finish()
     trim_heap()
     return loader.forms
+
+
+def with_progress(
+    weights: Iterable[tuple[str, Value]], total_bytes: int
+) -> Iterator[tuple[str, Value]]:
+    """`weights` as they are converted, with a progress bar of the file's bytes where stderr is
+    a terminal (a first start converts for seconds to minutes; a log gets no bar)."""
+    from tqdm import tqdm
+
+    with tqdm(
+        total=total_bytes or None,
+        desc="loading weights",
+        unit="B",
+        unit_scale=True,
+        leave=False,
+        disable=not sys.stderr.isatty(),
+    ) as bar:
+        for name, value in weights:
+            yield name, value
+            bar.update(_nbytes(value))  # converted once the next one is asked for
+
+
+def _nbytes(value: Value) -> int:
+    if isinstance(value, Tensor):
+        return value.numel() * value.element_size()
+    return int(getattr(value, "nbytes", 0))
 
 
 def trim_heap() -> None:

@@ -60,7 +60,7 @@ def test_q4_forms_by_type_and_mode() -> None:
     assert FORM_BY_TYPE["Q4_0"] == FORM_BY_TYPE["Q4_1"] == "q4"
     assert choose_form(["Q4_0", "Q4_0", "Q4_0"], 2048, "gguf") == "q4"
     assert choose_form(["Q4_0", "Q4_1"], 2048, "gguf") == "q4"  # both map into the layout
-    assert choose_form(["Q4_K", "Q4_K", "Q6_K"], 2048, "gguf") == "int8"
+    assert choose_form(["Q4_K", "Q4_K", "Q6_K"], 2048, "gguf") == "blocks"  # as segments
     assert choose_form(["Q4_0"], 96, "gguf") == "int8"  # not whole pairs of blocks
     # q4: layers 4-bit whatever they were; the head and embedding only from the file's blocks.
     assert choose_form(["Q8_0"], 2048, "q4") == "q4"

@@ -41,6 +41,7 @@ KERNEL_TESTS = [
     "tests/models/test_prefill_attention.py",
     "tests/models/test_amx.py",
     "tests/models/test_gguf_linear.py",
+    "tests/models/test_gguf_fused_stack.py",
     "tests/models/test_kernel_tiers.py",  # test_every_kernel_builds_for_the_tier_asked
 ]
 

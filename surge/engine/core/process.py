@@ -27,7 +27,7 @@ from surge.engine.client.protocol import (
     UnloadLoRA,
 )
 from surge.engine.config import EngineConfig
-from surge.engine.core.calibrate import startup_samples
+from surge.engine.core.calibrate import startup, warm_up
 from surge.engine.core.engine_core import EngineCore
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,12 @@ def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection)
             with contextlib.suppress(OSError, BrokenPipeError):
                 outbox.send(Fatal(str(e)))
             raise SystemExit(1) from None
-        # Before Ready: admission needs the step costs for a first burst.
-        step_samples = startup_samples(engine, config.scheduler.calibration)
+        # Before Ready: admission needs the step costs for a first burst. A warm-up alone (the
+        # costs stored) waits until after it, but for KV events' subscribers, who would see
+        # its blocks come and go.
+        step_samples, warm_up_owed = startup(
+            engine, config.scheduler.calibration, warm_now=config.kv_events.enabled
+        )
         engine.scheduler.background.calibrate(step_samples)  # its prior for pricing steps
         try:
             kv_events = engine.start_kv_events()  # after calibration: its blocks are forgotten
@@ -74,6 +78,10 @@ def run_engine_core(config: EngineConfig, inbox: Connection, outbox: Connection)
                 kv_events_topic=kv_events.topic if kv_events else "",
             )
         )
+        if warm_up_owed:
+            started = time.perf_counter()
+            warm_up(engine)  # before the first message is read: no request meets it
+            log.info("warmed up after ready in %.2f s", time.perf_counter() - started)
         _loop(engine, inbox, outbox)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         return  # the API process is gone

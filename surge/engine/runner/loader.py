@@ -52,8 +52,10 @@ from surge.models.forms import (
     estimate_weight_bytes,
     resident_by_form,
 )
+from surge.models.layout_cache import layout_cache
 from surge.models.llama import LlamaForCausalLM
 from surge.models.quant import cpu_int8_fast, weight_bytes
+from surge.models.stream_load import with_progress
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +191,7 @@ def resolve_quantization(
         return "gguf", (
             "auto: the layers are stored in mixed types; each matrix in its type's form "
             f"(Q4_0/Q4_1 blocks 4-bit on the {kernel} kernel, K-quants on their own blocks, "
-            "Q8_0 and fused matrices of mixed types int8)"
+            "Q8_0 int8; a fused matrix of mixed types as segments on their own blocks)"
         )
     stored = f"in {layer_format} blocks"
     if form == "int8":
@@ -304,12 +306,19 @@ def load_model(
     t0 = time.perf_counter()
     model = build_model(
         spec,
-        files.sources(),
+        with_progress(files.sources(), files.tensor_bytes),
         precision.device,
         precision.dtype,
         max(p.max_position, spec.max_position_embeddings),
         quantization=model_cfg.quantization,
         use_kernels=model_cfg.use_kernels,
+        layout=layout_cache(
+            files.path,
+            model_cfg.quantization,
+            precision.dtype,
+            precision.device,
+            model_cfg.use_kernels,
+        ),
     )
     if precision.caps is not None:
         log.info("device %s", describe(precision.caps))

@@ -89,9 +89,22 @@ class GGUFFile:
 
     def _string(self) -> str:
         (n,) = self._unpack("<Q")
-        text = bytes(self._data[self._offset : self._offset + n]).decode("utf-8", "replace")
+        text = bytes(self._buf[self._offset : self._offset + n]).decode("utf-8", "replace")
         self._offset += n
         return text
+
+    def _strings(self, n: int) -> list[str]:
+        """An array of `n` strings (a vocabulary, its merges): one tight loop over the buffer's
+        memoryview (a numpy slice a string cost ~25 us: 4 s of a 128k vocabulary's open)."""
+        buf, off, out = self._buf, self._offset, []
+        length_at = struct.Struct("<Q").unpack_from
+        for _ in range(n):
+            (length,) = length_at(buf, off)
+            off += 8
+            out.append(str(buf[off : off + length], "utf-8", "replace"))
+            off += length
+        self._offset = off
+        return out
 
     def _value(self, kind: int) -> Any:
         if kind in _SCALARS:
@@ -106,6 +119,8 @@ class GGUFFile:
             values = np.frombuffer(self._data, dtype, n, self._offset)
             self._offset += n * dtype.itemsize
             return values.tolist()
+        if item == _STRING:
+            return self._strings(n)
         return [self._value(item) for _ in range(n)]
 
     def _tensor_info(self) -> tuple[str, tuple[int, ...], int, int]:

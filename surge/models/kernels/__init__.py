@@ -316,6 +316,11 @@ def _register_fakes() -> None:
     ) -> torch.Tensor:
         return x.new_empty((x.shape[0], blocks.shape[0]))
 
+    def fake_gguf_linear_parts(
+        x: torch.Tensor, parts: list[torch.Tensor], types: list[int], bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return x.new_empty((x.shape[0], sum(p.shape[0] for p in parts)))
+
     fakes = {
         "surge::int8_gemv": fake_int8_gemv,
         "surge::q4_gemv": fake_q4_gemv,
@@ -325,6 +330,7 @@ def _register_fakes() -> None:
         "surge::paged_decode": fake_paged_decode,
         "surge::gguf_dequantize": fake_gguf_dequantize,
         "surge::gguf_linear": fake_gguf_linear,
+        "surge::gguf_linear_parts": fake_gguf_linear_parts,
     }
     for name, fn in fakes.items():
         if hasattr(torch.ops.surge, name.split("::")[1]) and name not in _faked:

@@ -11,6 +11,7 @@
 // Up to 4 activation rows go through a weight row together (16 ymm registers); the rows of x are
 // taken in blocks of ~64 KB so that each tile of 8 weight rows is read from memory once per block.
 #pragma once
+#include <type_traits>
 #include "gguf_blocks.h"
 
 namespace surge::gguf {
@@ -195,8 +196,8 @@ inline void row_dot(const uint8_t* w, const QuantizedX& xq, int64_t m0, __m256* 
   else row_q6_k<MR>(w, xq.K, r, acc);
 }
 
-// Weight rows [n0, n1) for activation rows [m0, m0 + MR).
-template <int TYPE, int MR, typename T>
+// Weight rows [n0, n1) for activation rows [m0, m0 + MR); ADD: added into `out` (float32).
+template <int TYPE, int MR, bool ADD, typename T>
 void gemm_rows(const uint8_t* w, int64_t row_bytes, const QuantizedX& xq, int64_t m0,
                const float* bias, int64_t n0, int64_t n1, int64_t N, T* out) {
   __m256 part[MR][kTile];
@@ -210,18 +211,27 @@ void gemm_rows(const uint8_t* w, int64_t row_bytes, const QuantizedX& xq, int64_
     for (int m = 0; m < MR; ++m) {
       __m256 y = hsum8(part[m]);
       if (bias) y = _mm256_add_ps(y, _mm256_loadu_ps(bias + n));
+      if constexpr (ADD) y = _mm256_add_ps(y, _mm256_loadu_ps(out + (m0 + m) * N + n));
       store8(out + (m0 + m) * N + n, y);
     }
   }
   for (; n < n1; ++n) {
     row_dot<TYPE, MR>(w + n * row_bytes, xq, m0, sum);
-    for (int m = 0; m < MR; ++m) out[(m0 + m) * N + n] = static_cast<T>(hsum(sum[m]) + (bias ? bias[n] : 0.f));
+    for (int m = 0; m < MR; ++m) {
+      const float y = hsum(sum[m]) + (bias ? bias[n] : 0.f);
+      T& o = out[(m0 + m) * N + n];
+      if constexpr (ADD) o += y;
+      else o = static_cast<T>(y);
+    }
   }
 }
 
-template <int TYPE, typename T>
+// Weight rows [n0, n1) of all M activation rows into out [M, N] (N: its row stride); ADD: added
+// into it (float32 only: the fused stack's residual adds).
+template <int TYPE, typename T, bool ADD = false>
 void gemm_range(const uint8_t* w, int64_t row_bytes, const QuantizedX& xq, int64_t M,
                 const float* bias, int64_t n0, int64_t n1, int64_t N, T* out) {
+  static_assert(!ADD || std::is_same_v<T, float>, "gguf gemm_range: ADD needs float32 output");
   // Rows of x per block: ~64 KB of int8, so a tile of weight rows stays in L1/L2 while the
   // block's rows go through it, and the weights are read from memory once per block.
   const int64_t block = std::max<int64_t>(kRows, (65536 / xq.K) / kRows * kRows);
@@ -231,10 +241,10 @@ void gemm_range(const uint8_t* w, int64_t row_bytes, const QuantizedX& xq, int64
       const int64_t t1 = std::min(n1, t0 + 4 * kTile);
       for (int64_t m0 = b0; m0 < b1; m0 += kRows) {
         switch (std::min<int64_t>(kRows, b1 - m0)) {
-          case 1: gemm_rows<TYPE, 1>(w, row_bytes, xq, m0, bias, t0, t1, N, out); break;
-          case 2: gemm_rows<TYPE, 2>(w, row_bytes, xq, m0, bias, t0, t1, N, out); break;
-          case 3: gemm_rows<TYPE, 3>(w, row_bytes, xq, m0, bias, t0, t1, N, out); break;
-          default: gemm_rows<TYPE, 4>(w, row_bytes, xq, m0, bias, t0, t1, N, out); break;
+          case 1: gemm_rows<TYPE, 1, ADD>(w, row_bytes, xq, m0, bias, t0, t1, N, out); break;
+          case 2: gemm_rows<TYPE, 2, ADD>(w, row_bytes, xq, m0, bias, t0, t1, N, out); break;
+          case 3: gemm_rows<TYPE, 3, ADD>(w, row_bytes, xq, m0, bias, t0, t1, N, out); break;
+          default: gemm_rows<TYPE, 4, ADD>(w, row_bytes, xq, m0, bias, t0, t1, N, out); break;
         }
       }
     }
@@ -242,9 +252,10 @@ void gemm_range(const uint8_t* w, int64_t row_bytes, const QuantizedX& xq, int64
 }
 #else
 // Plain loops: each weight row decoded once per call, then its dot with every activation row.
-template <int TYPE, typename T>
+template <int TYPE, typename T, bool ADD = false>
 void gemm_range(const uint8_t* w, int64_t row_bytes, const QuantizedX& xq, int64_t M,
                 const float* bias, int64_t n0, int64_t n1, int64_t N, T* out) {
+  static_assert(!ADD || std::is_same_v<T, float>, "gguf gemm_range: ADD needs float32 output");
   const int64_t K = xq.K, B = xq.blocks;
   const Format f = format(TYPE);
   const int64_t subs = f.weights / kBlock;
@@ -265,7 +276,9 @@ void gemm_range(const uint8_t* w, int64_t row_bytes, const QuantizedX& xq, int64
         total += dx * (row[b].a[0] * static_cast<float>(lo) + row[b].a[1] * static_cast<float>(hi)) -
                  row[b].b * xq.sx[m * B + b];
       }
-      out[m * N + n] = static_cast<T>(total + (bias ? bias[n] : 0.f));
+      const float y = total + (bias ? bias[n] : 0.f);
+      if constexpr (ADD) out[m * N + n] += y;
+      else out[m * N + n] = static_cast<T>(y);
     }
   }
 }

@@ -22,6 +22,15 @@
 // the phase that prepares the projection's input, B's rows on the channels each thread
 // projects (surge/models/lora.py holds the slots; a step without adapters passes no slots).
 //
+// GGUF blocks (a Q4_K_M file's Q4_K and Q6_K layers, Q5_K, Q8_0...): a projection may instead
+// be a GGUF matrix run on the file's own blocks (gguf_segments.h), a fused q/k/v or gate/up of
+// several types as segments, each on its own blocks into its slice of the output. Its
+// activations are rounded to int8 per block of 32 (gguf_blocks.h, as GGUFLinear rounds them)
+// in the phase that prepares its input, and the threads split its output channels in whole
+// tiles of 16 as for a 4-bit projection (a stack of several types by bytes: proj_channels), and
+// add LoRA's rows on the same channels, so no barrier is added. A stack with GGUF projections
+// has no int8 copies: every step runs on the blocks.
+//
 // Numerics: the residual stream and every intermediate stay float32 (the layer-by-layer path
 // rounds them to the model dtype between ops); the KV cache is written in its own dtype. The
 // projections are q4_gemv's or w8a8_linear's, the attention paged_decode's (decode_attention.h).
@@ -35,6 +44,7 @@
 #include <string>
 #include <vector>
 #include "q4_gemv.h"
+#include "gguf_segments.h"
 #include "amx_gemm.h"
 #include "decode_attention.h"
 #include "prefill_attention.h"
@@ -63,10 +73,19 @@ struct Int8Weight {
   surge::w8a8::Weights w{};
 };
 
+// A projection: the 4-bit layout (q4), or GGUF blocks as stored, in one or more segments.
+struct Proj {
+  bool gguf = false;
+  Q4Weight q4;
+  std::vector<surge::gguf::Segment> segs;
+  std::vector<torch::Tensor> held;  // the segments' blocks: the pointers stay valid
+  int64_t N = 0;  // output channels
+};
+
 struct Layer {
   torch::Tensor ln1, ln2, qkv_bias;  // float32; qkv_bias empty without one
   surge::LoraPair lqkv, lo, lgate_up, ldown;  // empty until set_lora
-  Q4Weight qkv, o, gate_up, down;
+  Proj qkv, o, gate_up, down;
   Int8Weight qkv8, o8, gate_up8, down8;  // empty without int8 copies
   torch::Tensor k_cache, v_cache;  // [kv_heads, num_blocks, block_size, head_dim]
 };
@@ -78,6 +97,34 @@ Q4Weight q4_weight(const torch::Tensor& qs, const torch::Tensor& dm, int64_t n, 
   TORCH_CHECK(qs.size(0) == n && qs.size(1) * 2 == k && k % 64 == 0, what, ": shape");
   TORCH_CHECK(dm.size(0) == n && dm.size(1) == 2 && dm.size(2) * 32 == k, what, ": scales");
   return Q4Weight{qs, dm, n};
+}
+
+// A GGUF projection [n, k] from its segments ((GGML type, blocks [rows, row_bytes] uint8), in
+// output order).
+using GgufParts = std::vector<std::pair<int64_t, torch::Tensor>>;
+
+Proj gguf_proj(const GgufParts& parts, int64_t n, int64_t k, const char* what) {
+  Proj p;
+  p.gguf = true;
+  p.N = n;
+  TORCH_CHECK(k % surge::gguf::kBlock == 0, what, ": width not a multiple of 32");
+  int64_t rows = 0;
+  for (const auto& [type, blocks] : parts) {
+    p.segs.push_back(surge::gguf::make_segment(blocks, type, rows, k, what));
+    p.held.push_back(blocks);
+    rows += blocks.size(0);
+  }
+  TORCH_CHECK(rows == n, what, ": GGUF segments have ", rows, " rows, expected ", n);
+  return p;
+}
+
+Proj proj(const torch::Tensor& qs, const torch::Tensor& dm, const GgufParts& parts, int64_t n,
+          int64_t k, const char* what) {
+  if (!parts.empty()) return gguf_proj(parts, n, k, what);
+  Proj p;
+  p.q4 = q4_weight(qs, dm, n, k, what);
+  p.N = n;
+  return p;
 }
 
 Int8Weight int8_weight(const torch::Tensor* t, int64_t n, int64_t k, const float* bias,
@@ -184,15 +231,25 @@ void attend_heads(int64_t G, const float* q, const T* kh, const T* vh, const int
 class Q4DecodeStack {
  public:
   // int8: per layer kInt8TensorsPerLayer tensors (the projections' packed int8 copies), or none.
+  // gguf: per layer 4 lists (qkv, o, gate_up, down) of a GGUF projection's segments, or empty
+  // (all 4-bit); a projection with segments gives empty tensors for its qs and dm in `weights`.
   Q4DecodeStack(const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& int8,
                 const std::vector<torch::Tensor>& k_caches,
                 const std::vector<torch::Tensor>& v_caches, const torch::Tensor& cos,
                 const torch::Tensor& sin, int64_t num_heads, int64_t num_kv_heads, double eps,
-                int64_t q4_max_rows)
+                int64_t q4_max_rows, const std::vector<GgufParts>& gguf)
       : heads_(num_heads), kv_heads_(num_kv_heads), eps_(static_cast<float>(eps)),
         q4_max_rows_(q4_max_rows) {
     TORCH_CHECK(weights.size() % kTensorsPerLayer == 0, "q4_decode: weights per layer");
     const int64_t layers = weights.size() / kTensorsPerLayer;
+    TORCH_CHECK(gguf.empty() || gguf.size() == static_cast<size_t>(4 * layers),
+                "q4_decode: GGUF segments: 4 lists per layer");
+    static const GgufParts kNone;
+    auto parts = [&](int64_t l, int i) -> const GgufParts& {
+      return gguf.empty() ? kNone : gguf[4 * l + i];
+    };
+    for (const GgufParts& g : gguf) has_gguf_ = has_gguf_ || !g.empty();
+    TORCH_CHECK(!has_gguf_ || int8.empty(), "q4_decode: no int8 copies with GGUF projections");
     TORCH_CHECK(int8.empty() || int8.size() == static_cast<size_t>(layers * kInt8TensorsPerLayer),
                 "q4_decode: int8 copies per layer");
     has_int8_ = !int8.empty();
@@ -211,17 +268,22 @@ class Q4DecodeStack {
     hidden_ = weights[0].size(0);
     const int64_t q_size = heads_ * hd_, kv_size = kv_heads_ * hd_;
     qkv_n_ = q_size + 2 * kv_size;
-    inter_ = weights[7].size(0) / 2;
+    if (parts(0, 2).empty()) {
+      inter_ = weights[7].size(0) / 2;
+    } else {
+      for (const auto& seg : parts(0, 2)) inter_ += seg.second.size(0);
+      inter_ /= 2;
+    }
     for (int64_t l = 0; l < layers; ++l) {
       const torch::Tensor* w = weights.data() + l * kTensorsPerLayer;
       Layer L;
       L.ln1 = float_vector(w[0], hidden_, "ln1");
-      L.qkv = q4_weight(w[1], w[2], qkv_n_, hidden_, "qkv");
+      L.qkv = proj(w[1], w[2], parts(l, 0), qkv_n_, hidden_, "qkv");
       if (w[3].numel()) L.qkv_bias = float_vector(w[3], qkv_n_, "qkv bias");
-      L.o = q4_weight(w[4], w[5], hidden_, q_size, "o");
+      L.o = proj(w[4], w[5], parts(l, 1), hidden_, q_size, "o");
       L.ln2 = float_vector(w[6], hidden_, "ln2");
-      L.gate_up = q4_weight(w[7], w[8], 2 * inter_, hidden_, "gate_up");
-      L.down = q4_weight(w[9], w[10], hidden_, inter_, "down");
+      L.gate_up = proj(w[7], w[8], parts(l, 2), 2 * inter_, hidden_, "gate_up");
+      L.down = proj(w[9], w[10], parts(l, 3), hidden_, inter_, "down");
       if (has_int8_) {
         const torch::Tensor* t = int8.data() + l * kInt8TensorsPerLayer;
         const float* bias = L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr;
@@ -337,6 +399,11 @@ class Q4DecodeStack {
       resize(xq_hidden_, M, hidden_);
       resize(xq_attn_, M, heads_ * hd_);
       resize(xq_inter_, M, inter_);
+      if (has_gguf_) {
+        surge::gguf::resize(xg_hidden_, M, hidden_);
+        surge::gguf::resize(xg_attn_, M, heads_ * hd_);
+        surge::gguf::resize(xg_inter_, M, inter_);
+      }
     }
     Step s{M, bs, slots, max_blocks, (max_len + 15) & ~int64_t(15), pos, slot, lens, tables,
            out.data_ptr<float>(), lora};
@@ -530,20 +597,50 @@ class Q4DecodeStack {
     return {b * kTile, tid == nt - 1 ? N : e * kTile};
   }
 
-  // Thread tid's share of a projection's output channels (`channels`); ADD: added into `out`.
-  template <bool ADD>
-  static void project(const Q4Weight& w, const QuantizedX& xq, const float* bias, int64_t M,
-                      float* out, int tid, int nt) {
-    const auto [n0, n1] = channels(w.N, tid, nt);
-    q4_range<ADD>(w.q(), w.d(), xq, M, bias, n0, n1, w.N, out);
+  // Where thread i of nt starts in a GGUF stack of several types: at i / nt of its bytes (a
+  // Q6_K row reads 1.46x a Q4_K row's bytes), rounded to a whole tile of 16 rows.
+  static int64_t bytes_boundary(const Proj& p, int i, int nt) {
+    if (i <= 0) return 0;
+    if (i >= nt) return p.N;
+    int64_t total = 0;
+    for (const auto& seg : p.segs) total += seg.n * seg.row_bytes;
+    const int64_t target = total * i / nt;
+    int64_t acc = 0;
+    for (const auto& seg : p.segs) {
+      if (acc + seg.n * seg.row_bytes >= target) {
+        const int64_t row = seg.n0 + (target - acc) / seg.row_bytes;
+        return std::min(p.N, (row + kTile / 2) / kTile * kTile);
+      }
+      acc += seg.n * seg.row_bytes;
+    }
+    return p.N;
   }
 
-  // The activations for the next projection from float32 rows x [M, K], rows [r0, r1) of them
-  // (each thread its rows): u8 rows into `a` (int8 path), else 4-bit blocks into `xq`. Callers
-  // barrier after.
-  static void quantize(const float* x, int64_t K, bool int8, int64_t r0, int64_t r1,
-                       surge::w8a8::QuantRows& a, QuantizedX& xq) {
+  // The channels of projection p that thread tid projects (and adds LoRA's rows to): `channels`,
+  // or for a GGUF stack of several types an equal share of its bytes.
+  static std::pair<int64_t, int64_t> proj_channels(const Proj& p, int tid, int nt) {
+    if (p.segs.size() < 2) return channels(p.N, tid, nt);
+    return {bytes_boundary(p, tid, nt), bytes_boundary(p, tid + 1, nt)};
+  }
+
+  // Thread tid's share of a projection's output channels (proj_channels); ADD: added into
+  // `out`. A GGUF projection reads xg, a 4-bit one xq.
+  template <bool ADD>
+  static void project(const Proj& p, const QuantizedX& xq, const surge::gguf::QuantizedX& xg,
+                      const float* bias, int64_t M, float* out, int tid, int nt) {
+    const auto [n0, n1] = proj_channels(p, tid, nt);
+    if (p.gguf) surge::gguf::segments_range<ADD>(p.segs, xg, M, bias, n0, n1, p.N, out);
+    else q4_range<ADD>(p.q4.q(), p.q4.d(), xq, M, bias, n0, n1, p.N, out);
+  }
+
+  // The activations for projection p from float32 rows x [M, K], rows [r0, r1) of them (each
+  // thread its rows): u8 rows into `a` (int8 path), else GGUF's int8 blocks into `xg` for a
+  // GGUF projection, 4-bit blocks into `xq` for a 4-bit one. Callers barrier after.
+  static void quantize(const float* x, int64_t K, bool int8, const Proj& p, int64_t r0,
+                       int64_t r1, surge::w8a8::QuantRows& a, QuantizedX& xq,
+                       surge::gguf::QuantizedX& xg) {
     if (int8) surge::w8a8::quantize_rows_u8(x, r0, r1, K, a);
+    else if (p.gguf) surge::gguf::quantize_rows(x, r0, r1, xg);
     else quantize_block_rows(x, r0, r1, xq);
   }
 
@@ -574,13 +671,13 @@ class Q4DecodeStack {
       Clock::time_point t = Clock::now();  // thread 0's last phase boundary
       // LoRA's second half, on the channels this thread projected on the 4-bit path; the int8
       // path splits channels by panels, so there it waits for the projection to end first.
-      auto lora_add = [&](const surge::LoraPair& p, std::initializer_list<int64_t> ends,
-                          float* out) {
+      auto lora_add = [&](const surge::LoraPair& p, const Proj& w,
+                          std::initializer_list<int64_t> ends, float* out) {
         if (!s.lora) return;
         if (int8) {
 #pragma omp barrier
         }
-        const auto [n0, n1] = channels(p.N, tid, n);
+        const auto [n0, n1] = proj_channels(w, tid, n);
         surge::lora_up(p, ends, s.lora, M, out, n0, n1, lora_t_.data(), lora_rank_);
       };
       // LoRA's first half, A x of this thread's rows [r0, r1) of the projection's input.
@@ -595,7 +692,7 @@ class Q4DecodeStack {
                                   ? share(M, tid, n)
                                   : std::pair<int64_t, int64_t>{0, tid ? 0 : M};
         rms_norm(x + r0 * H, L.ln1.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
-        quantize(norm_.data(), H, int8, r0, r1, x8_hidden_, xq_hidden_);
+        quantize(norm_.data(), H, int8, L.qkv, r0, r1, x8_hidden_, xq_hidden_, xg_hidden_);
         lora_in(L.lqkv, norm_.data(), r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseNorm1, t);
@@ -603,9 +700,9 @@ class Q4DecodeStack {
           project8<false>(L.qkv8, x8_hidden_, qkv_.data(), tid, n);
         } else {
           const float* qkv_bias = L.qkv_bias.defined() ? L.qkv_bias.data_ptr<float>() : nullptr;
-          project<false>(L.qkv, xq_hidden_, qkv_bias, M, qkv_.data(), tid, n);
+          project<false>(L.qkv, xq_hidden_, xg_hidden_, qkv_bias, M, qkv_.data(), tid, n);
         }
-        lora_add(L.lqkv, {q_size, q_size + kv_size, qkv_n_}, qkv_.data());
+        lora_add(L.lqkv, L.qkv, {q_size, q_size + kv_size, qkv_n_}, qkv_.data());
 #pragma omp barrier
         if (tid == 0) mark(kPhaseQkv, t);
         T* kc = L.k_cache.data_ptr<T>();
@@ -659,33 +756,33 @@ class Q4DecodeStack {
         }
 #pragma omp barrier
         if (tid == 0) mark(kPhaseAttention, t);
-        quantize(attn_.data(), q_size, int8, r0, r1, x8_attn_, xq_attn_);
+        quantize(attn_.data(), q_size, int8, L.o, r0, r1, x8_attn_, xq_attn_, xg_attn_);
         lora_in(L.lo, attn_.data(), r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseQuantAttn, t);
         if (int8) project8<true>(L.o8, x8_attn_, x, tid, n);
-        else project<true>(L.o, xq_attn_, nullptr, M, x, tid, n);
-        lora_add(L.lo, {H}, x);
+        else project<true>(L.o, xq_attn_, xg_attn_, nullptr, M, x, tid, n);
+        lora_add(L.lo, L.o, {H}, x);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseO, t);
         rms_norm(x + r0 * H, L.ln2.data_ptr<float>(), norm_.data() + r0 * H, r1 - r0, H, eps_);
-        quantize(norm_.data(), H, int8, r0, r1, x8_hidden_, xq_hidden_);
+        quantize(norm_.data(), H, int8, L.gate_up, r0, r1, x8_hidden_, xq_hidden_, xg_hidden_);
         lora_in(L.lgate_up, norm_.data(), r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseNorm2, t);
         if (int8) project8<false>(L.gate_up8, x8_hidden_, gu_.data(), tid, n);
-        else project<false>(L.gate_up, xq_hidden_, nullptr, M, gu_.data(), tid, n);
-        lora_add(L.lgate_up, {inter_, 2 * inter_}, gu_.data());
+        else project<false>(L.gate_up, xq_hidden_, xg_hidden_, nullptr, M, gu_.data(), tid, n);
+        lora_add(L.lgate_up, L.gate_up, {inter_, 2 * inter_}, gu_.data());
 #pragma omp barrier
         if (tid == 0) mark(kPhaseGateUp, t);
         silu_mul(gu_.data() + r0 * 2 * inter_, act_.data() + r0 * inter_, r1 - r0, inter_);
-        quantize(act_.data(), inter_, int8, r0, r1, x8_inter_, xq_inter_);
+        quantize(act_.data(), inter_, int8, L.down, r0, r1, x8_inter_, xq_inter_, xg_inter_);
         lora_in(L.ldown, act_.data(), r0, r1);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseSilu, t);
         if (int8) project8<true>(L.down8, x8_inter_, x, tid, n);
-        else project<true>(L.down, xq_inter_, nullptr, M, x, tid, n);
-        lora_add(L.ldown, {H}, x);
+        else project<true>(L.down, xq_inter_, xg_inter_, nullptr, M, x, tid, n);
+        lora_add(L.ldown, L.down, {H}, x);
 #pragma omp barrier
         if (tid == 0) mark(kPhaseDown, t);
       }
@@ -696,6 +793,7 @@ class Q4DecodeStack {
   float eps_;
   int64_t q4_max_rows_;
   bool has_int8_ = false;
+  bool has_gguf_ = false;  // some projection on GGUF blocks
   int64_t lora_rank_ = 0, lora_slots_ = 0;  // set_lora's
   std::vector<float> lora_t_;  // [M, 3 * rank]: A x of the projection at hand, per row
   std::array<double, kPhases> phase_s_{};
@@ -716,6 +814,7 @@ class Q4DecodeStack {
   // parallel region, so that threads fill their rows of them at once).
   QuantizedX xq_hidden_, xq_attn_, xq_inter_;
   surge::w8a8::QuantRows x8_hidden_, x8_attn_, x8_inter_;
+  surge::gguf::QuantizedX xg_hidden_, xg_attn_, xg_inter_;  // for GGUF projections
 };
 #endif  // SURGE_TIER_AVX2
 
@@ -753,7 +852,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
                           const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
                           const torch::Tensor&, const torch::Tensor&, int64_t, int64_t, double,
-                          int64_t>())
+                          int64_t, const std::vector<GgufParts>&>())
       .def("forward", &Q4DecodeStack::forward, pybind11::arg("x"), pybind11::arg("positions"),
            pybind11::arg("slot_mapping"), pybind11::arg("block_tables"),
            pybind11::arg("seq_lens"), pybind11::arg("row_slots"),
