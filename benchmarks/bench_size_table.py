@@ -1,7 +1,7 @@
 """The seed's table by model size: Surge beside llama.cpp's llama-server on the same GGUF.
 
     python benchmarks/bench_size_table.py FILE.gguf [--label 1B-Q4_0] [--levels 1,16,64]
-        [--ttft-length 1024] [--ttft-rounds 2] [--only surge|llama.cpp] [-- surge serve flags]
+        [--ttft-length 1024] [--ttft-rounds 2] [--only surge|llama.cpp] [--surge-args "..."]
 
 For each server in turn (llama.cpp first, then Surge; never both at once), on 127.0.0.1:
 - start to ready: process start to the first healthy /health (warm page cache: the file is
@@ -14,7 +14,9 @@ For each server in turn (llama.cpp first, then Surge; never both at once), on 12
 llama.cpp runs at its strongest for each part, as bench_ttft_llamacpp.py runs it: one slot for
 the one-stream and TTFT parts, then a server with one slot a stream (--no-kv-unified) for the
 multi-stream levels, all cores. Surge runs one `surge serve` with --max-num-seqs at the top
-level. Files with a real model's shapes and random weights (benchmarks/make_shape_gguf.py) are
+level and --max-queue-wait 3600 (its admission would refuse requests predicted to wait past
+its default bound; llama-server queues them all, and a throughput row counts every request
+served). Files with a real model's shapes and random weights (benchmarks/make_shape_gguf.py) are
 an honest speed test: speed depends on shapes, not values. Prints a markdown row per level and
 one JSON line.
 """
@@ -26,6 +28,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -153,8 +156,11 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=1.0)
     ap.add_argument("--only", choices=["surge", "llama.cpp"], default=None)
     ap.add_argument("--work", type=Path, default=Path("/tmp/surge-llamacpp"))
-    ap.add_argument("extra", nargs="*", help="surge serve flags, after --")
+    # Surge's admission refuses (429) requests whose predicted wait passes its bound, where
+    # llama-server queues everything: for a throughput comparison every request is served.
+    ap.add_argument("--surge-args", default="--max-queue-wait 3600", help="surge serve flags")
     args = ap.parse_args()
+    args.extra = shlex.split(args.surge_args)
     levels = [int(x) for x in args.levels.split(",") if x]
     env = {**os.environ, "BUILD_ONLY": "1", "LLAMACPP_WORK": str(args.work)}
     subprocess.run(["bash", "benchmarks/bench_llamacpp.sh"], check=True, cwd=ROOT, env=env)
