@@ -34,6 +34,8 @@ DESKS = ("billing: invoices, refunds and plans", "travel: trains, flights and ho
          "hardware: laptops, screens and cables", "garden: seeds, tools and soil")  # fmt: skip
 # ~130 tokens each: 8 full blocks of 16, distinct from the first block on
 PREFIXES = [f"You are the {d} desk. Answer briefly and politely, then stop. " * 6 for d in DESKS]
+# Three replicas and an Envoy per module: make test-long runs it (make test is at its budget).
+pytestmark = pytest.mark.long
 
 
 @dataclass
