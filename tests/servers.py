@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -35,6 +36,16 @@ def _ephemeral_low() -> int:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768  # Linux's default
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    """Polls `cond` every 0.1 s until it holds or `timeout_s` passes; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout_s: float) -> int:

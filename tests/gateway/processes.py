@@ -7,6 +7,7 @@ import sys
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.servers import free_port, log_dir, stop_process
 
@@ -44,6 +45,15 @@ class GatewayProcess:
 
     def metrics(self) -> str:
         return httpx.get(self.url + "/metrics", timeout=5).text
+
+    def samples(self, name: str, **labels: str) -> list[float]:
+        """The values of metric `name`'s samples carrying these labels."""
+        return [
+            s.value
+            for family in text_string_to_metric_families(self.metrics())
+            for s in family.samples
+            if s.name == name and labels.items() <= s.labels.items()
+        ]
 
     def log(self) -> str:
         self._log.flush()

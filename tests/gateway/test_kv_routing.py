@@ -5,15 +5,14 @@ when that replica restarts the gateway's index drops what it knew of it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.processes import GatewayProcess
-from tests.servers import ServerProcess, free_port
+from tests.servers import ServerProcess, free_port, wait_for
 
 BLOCKS = "surge_gateway_kv_index_blocks"
 PREFIXES = {
@@ -54,25 +53,7 @@ def fleet(tiny_model_dir: Path) -> Iterator[tuple[list[ServerProcess], list[int]
 
 
 def _gauge(gateway: GatewayProcess, name: str, **labels: str) -> float:
-    return sum(_samples(gateway, name, **labels))
-
-
-def _samples(gateway: GatewayProcess, name: str, **labels: str) -> list[float]:
-    return [
-        s.value
-        for family in text_string_to_metric_families(gateway.metrics())
-        for s in family.samples
-        if s.name == name and labels.items() <= s.labels.items()
-    ]
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
+    return sum(gateway.samples(name, **labels))
 
 
 def _chat(url: str, system: str, user: str) -> httpx.Response:
@@ -91,14 +72,14 @@ def test_a_held_prefix_is_routed_to_its_holder_and_a_restart_drops_it(
 ) -> None:
     replicas, events, gateway = fleet
     for r in replicas:  # subscribed (the gauge shows up then)
-        assert _wait(lambda r=r: bool(_samples(gateway, BLOCKS, upstream=r.url))), gateway.log()
+        assert wait_for(lambda r=r: bool(gateway.samples(BLOCKS, upstream=r.url))), gateway.log()
     time.sleep(0.5)  # PUB/SUB: the connection itself takes a moment
     # Each replica gets one prefix straight (not through the gateway): only its events can
     # tell the gateway where each is held.
     for replica, system in zip(replicas, PREFIXES.values(), strict=True):
         _chat(replica.url, system, "hello")
     for r in replicas:
-        assert _wait(lambda r=r: _gauge(gateway, BLOCKS, upstream=r.url) >= 4), gateway.log()
+        assert wait_for(lambda r=r: _gauge(gateway, BLOCKS, upstream=r.url) >= 4), gateway.log()
 
     hits_before = [r.metric("vllm:prefix_cache_hits_total") for r in replicas]
     for i in range(3):
@@ -113,7 +94,7 @@ def test_a_held_prefix_is_routed_to_its_holder_and_a_restart_drops_it(
     old = replicas[0]
     old.stop()
     drops = "surge_gateway_kv_index_drops_total"
-    assert _wait(lambda: _gauge(gateway, drops, upstream=old.url) >= 1), gateway.log()
+    assert wait_for(lambda: _gauge(gateway, drops, upstream=old.url) >= 1), gateway.log()
     assert _gauge(gateway, BLOCKS, upstream=old.url) == 0
     replicas[0] = _replica(tiny_model_dir, old.port, events[0], replay=True)
     # Back, with an empty cache: what it held before is not believed again ...
@@ -121,4 +102,4 @@ def test_a_held_prefix_is_routed_to_its_holder_and_a_restart_drops_it(
     assert _gauge(gateway, BLOCKS, upstream=replicas[1].url) >= 4  # ... the other's stays
     # ... and its new events are followed (the subscription reconnected by itself).
     _chat(replicas[0].url, PREFIXES["a"], "hello again")
-    assert _wait(lambda: _gauge(gateway, BLOCKS, upstream=old.url) >= 4), gateway.log()
+    assert wait_for(lambda: _gauge(gateway, BLOCKS, upstream=old.url) >= 4), gateway.log()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +21,10 @@ import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.gateway.epp.envoy import EnvoyConfig, EnvoyProcess
 from tests.gateway.processes import GatewayProcess
-from tests.servers import ServerProcess, free_port
+from tests.servers import ServerProcess, free_port, wait_for
 
 UPSTREAM = "x-surge-upstream"
 BLOCKS = "surge_gateway_kv_index_blocks"
@@ -87,26 +86,14 @@ def fleet(tiny_model_dir: Path) -> Iterator[Fleet]:
 
 def _index_blocks(picker: GatewayProcess, url: str) -> float | None:
     """The picker's count of blocks `url` reports holding; None before it subscribed."""
-    for family in text_string_to_metric_families(picker.metrics()):
-        for s in family.samples:
-            if s.name == BLOCKS and s.labels.get("upstream") == url:
-                return s.value
-    return None
+    values = picker.samples(BLOCKS, upstream=url)
+    return values[0] if values else None
 
 
 def _has_blocks(picker: GatewayProcess, url: str, at_least: float) -> bool:
     """The picker is subscribed to `url` and counts at least this many blocks there."""
     n = _index_blocks(picker, url)
     return n is not None and n >= at_least
-
-
-def _wait(cond: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
 
 
 def _messages(system: str, user: str) -> list[ChatCompletionMessageParam]:
@@ -135,14 +122,14 @@ def _chat(client: openai.OpenAI, system: str, user: str, stream: bool) -> str:
 def test_a_prefix_one_replica_holds_goes_there_streamed_or_not(fleet: Fleet) -> None:
     servers, picker = fleet.servers, fleet.picker
     for s in servers:  # subscribed to each (the gauge appears then), the connection settled
-        assert _wait(functools.partial(_has_blocks, picker, s.url, 0)), picker.log()
+        assert wait_for(functools.partial(_has_blocks, picker, s.url, 0)), picker.log()
     time.sleep(0.5)
     for s, system in zip(servers, PREFIXES, strict=False):  # straight to the replica
         body = {"model": "test-model", "messages": _messages(system, "hello"), "max_tokens": 2}
         r = httpx.post(s.url + "/v1/chat/completions", json=body, timeout=60)
         assert r.status_code == 200, r.text
     for s in servers:
-        assert _wait(functools.partial(_has_blocks, picker, s.url, 8)), picker.log()
+        assert wait_for(functools.partial(_has_blocks, picker, s.url, 8)), picker.log()
 
     client = fleet.client()
     hits = [s.metric(HITS) for s in servers]
@@ -165,7 +152,7 @@ def test_a_new_prefix_is_followed_to_where_it_went_first(fleet: Fleet) -> None:
     first = _chat(client, system, "a first question", stream=True)
     holder = by_endpoint[first]
     more = functools.partial(_has_blocks, fleet.picker, holder.url, held[holder.url] + 8)
-    assert _wait(more), fleet.picker.log()
+    assert wait_for(more), fleet.picker.log()
     before = holder.metric(HITS)
     for i in range(3):
         assert _chat(client, system, f"follow-up {i}", stream=i % 2 == 0) == first
