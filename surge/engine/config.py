@@ -177,7 +177,7 @@ class CacheConfig:
 SCHEDULING_POLICIES = ("fcfs", "priority", "fair", "priority-fair")
 
 
-# How the engine gets its start-up step costs (engine/core/calibrate.py startup_samples).
+# How the engine gets its start-up step costs (engine/core/calibrate.py startup).
 CALIBRATION_MODES = ("cached", "measure", "off")
 
 

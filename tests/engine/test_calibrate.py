@@ -15,7 +15,6 @@ from surge.engine.core.calibrate import (
     PROBE_SHARE,
     calibrate,
     startup,
-    startup_samples,
     warm_up,
 )
 from surge.engine.llm import LLM
@@ -60,21 +59,21 @@ def test_a_stored_measurement_is_reused_on_the_same_model_configuration_and_mach
     monkeypatch.setenv("SURGE_CALIBRATION_DIR", str(tmp_path / "calibration"))
     llm = LLM(str(tiny_model_dir), dtype="float32", max_num_batched_tokens=64, max_num_seqs=8)
     engine = llm.engine
-    first = startup_samples(engine, "cached")
+    first = startup(engine, "cached")[0]
     assert first and len(list((tmp_path / "calibration").glob("*.json"))) == 1
-    again = startup_samples(engine, "cached")
+    again = startup(engine, "cached")[0]
     assert again == first  # the stored floats, not a new measurement
     stats = engine.stats()
     assert not engine.has_work() and stats.steps.num_steps == 0 and stats.steps.prompt_tokens == 0
-    measured = startup_samples(engine, "measure")
-    assert measured != first and startup_samples(engine, "cached") == measured
+    measured = startup(engine, "measure")[0]
+    assert measured != first and startup(engine, "cached")[0] == measured
     other = LLM(str(tiny_model_dir), dtype="float32", max_num_batched_tokens=64, max_num_seqs=4)
     assert calibration_cache.cache_key(other.engine) != calibration_cache.cache_key(engine)
-    assert startup_samples(other.engine, "cached") != measured
+    assert startup(other.engine, "cached")[0] != measured
     assert len(list((tmp_path / "calibration").glob("*.json"))) == 2
-    assert startup_samples(engine, "off") == ()
+    assert startup(engine, "off")[0] == ()
     with pytest.raises(ValueError, match="calibration mode"):
-        startup_samples(engine, "sometimes")
+        startup(engine, "sometimes")[0]
 
 
 def test_an_unwritable_store_only_means_measuring_each_time(
@@ -86,9 +85,9 @@ def test_an_unwritable_store_only_means_measuring_each_time(
     monkeypatch.setenv("SURGE_CALIBRATION_DIR", str(blocker / "calibration"))
     llm = LLM(str(tiny_model_dir), dtype="float32", max_num_batched_tokens=64, max_num_seqs=8)
     with caplog.at_level(logging.WARNING):
-        first = startup_samples(llm.engine, "cached")
+        first = startup(llm.engine, "cached")[0]
     assert first and "not kept for the next start" in caplog.text
-    assert startup_samples(llm.engine, "cached") != first  # measured again
+    assert startup(llm.engine, "cached")[0] != first  # measured again
 
 
 def test_a_stored_measurement_leaves_the_warm_up_for_after_ready(

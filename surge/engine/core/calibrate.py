@@ -40,20 +40,15 @@ PROBE_SHARE = 2  # the probes' share of the step budget and of a full batch: one
 WARM_UP_TOKENS = 16
 
 
-def startup_samples(engine: EngineCore, mode: str = "cached") -> tuple[StepSample, ...]:
-    """The start-up step costs for the Ready message. cached: a stored measurement for this
-    model, configuration and machine if there is one (the engine then only warms up), else
-    measure and store; measure: always measure (and store); off: none (admission's estimate
-    then learns from the first steps alone)."""
-    return startup(engine, mode, warm_now=True)[0]
-
-
 def startup(
     engine: EngineCore, mode: str = "cached", warm_now: bool = True
 ) -> tuple[tuple[StepSample, ...], bool]:
-    """As startup_samples, and whether a warm-up is still owed: with `warm_now` False a stored
-    measurement is returned without warming up, for the caller to warm up after Ready (the
-    engine process does, where nothing watches the warm-up's blocks)."""
+    """The engine's start-up step costs, and whether a warm-up is still owed. mode cached: the
+    measurement stored for the same model, configuration and machine if there is one (the
+    engine then only warms up: at once, or with `warm_now` False after Ready, by the caller,
+    where nothing watches the warm-up's blocks), else measure and store; measure: always
+    measure (and store); off: none (admission's estimate then learns from the first steps
+    alone)."""
     if mode not in CALIBRATION_MODES:
         raise ValueError(f"calibration mode {mode!r}: one of {', '.join(CALIBRATION_MODES)}")
     if mode == "off":
